@@ -1,0 +1,44 @@
+# CUDA backends (sm80 FlashAttention-2 design, sm90 FlashAttention-3 design). Enabled when nvcc is found
+# (FLASHATTN_CUDA=AUTO) or forced; the CPU build never needs it.
+include(CheckLanguage)
+set(FLASHATTN_WITH_CUDA OFF)
+if(NOT FLASHATTN_CUDA STREQUAL "OFF")
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(FLASHATTN_WITH_CUDA ON)
+  elseif(FLASHATTN_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "FLASHATTN_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+
+if(FLASHATTN_WITH_CUDA)
+  set(CMAKE_CUDA_ARCHITECTURES ${FLASHATTN_CUDA_ARCHS})
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  find_package(CUDAToolkit REQUIRED)
+
+  # CuTe/CUTLASS headers: from FLASHATTN_CUTLASS_DIR, else from the pinned pip package nvidia-cutlass.
+  set(FLASHATTN_CUTLASS_DIR "" CACHE PATH "CUTLASS include directory (holds cute/ and cutlass/)")
+  if(NOT FLASHATTN_CUTLASS_DIR)
+    find_package(Python3 COMPONENTS Interpreter REQUIRED)
+    execute_process(
+      COMMAND ${Python3_EXECUTABLE} -c
+        "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
+      OUTPUT_VARIABLE _cutlass_inc OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _cutlass_rc ERROR_QUIET)
+    if(_cutlass_rc EQUAL 0 AND EXISTS "${_cutlass_inc}/cute/tensor.hpp")
+      set(FLASHATTN_CUTLASS_DIR "${_cutlass_inc}" CACHE PATH "" FORCE)
+    else()
+      message(FATAL_ERROR "CUTLASS headers not found: pip install --no-deps nvidia-cutlass==4.2.0.0 "
+                          "or set FLASHATTN_CUTLASS_DIR")
+    endif()
+  endif()
+  message(STATUS "flashattn: CUDA backends ON (archs ${CMAKE_CUDA_ARCHITECTURES}, kernels ${FLASHATTN_KERNELS}, "
+                 "CUTLASS ${FLASHATTN_CUTLASS_DIR})")
+
+  if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/CMakeLists.txt)
+    add_subdirectory(src/cuda)
+  endif()
+else()
+  message(STATUS "flashattn: CUDA backends OFF (CPU only)")
+endif()

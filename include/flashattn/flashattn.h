@@ -1,0 +1,121 @@
+/*
+ * flashattn C ABI: the one parameter struct every backend (CPU, CUDA sm80, CUDA sm90) and every binding
+ * (C++, Python) consumes. Plain C so that bindings need no C++ ABI; the C++ API in flashattn.hpp wraps it.
+ *
+ * Layouts follow flash_attn:
+ *   batched : q (B, Sq, Hq, D)   k (B, Sk, Hkv, D)   v (B, Sk, Hkv, Dv)   out (B, Sq, Hq, Dv)   lse (B, Hq, Sq)
+ *   varlen  : q (Tq, Hq, D)      k (Tk, Hkv, D)      v (Tk, Hkv, Dv)      out (Tq, Hq, Dv)      lse (Hq, Tq)
+ *             with cu_seqlens_q (B+1), cu_seqlens_k (B+1) int32 prefix sums, Tq = cu_seqlens_q[B].
+ * Any strides (in elements) with a unit-stride last dimension. lse is float32 natural-log sum-exp.
+ *
+ * Semantics (logits of query i against key j in one sequence of Sq queries and Sk keys):
+ *   s_ij = scale * <q_i, k_j>;  if softcap > 0: s_ij = softcap * tanh(s_ij / softcap);
+ *   if alibi: s_ij -= slope_h * |i + off - j|;   masked (j outside the window) -> -inf;
+ *   off = Sk - Sq (bottom-right alignment, flash_attn >= 2.1) or 0 (top-left).
+ *   The window keeps i + off - window_left <= j <= i + off + window_right (-1 = unbounded side);
+ *   causal is window_right = 0.
+ * A query row with no visible key has out = 0 and lse = -inf. NaN inputs propagate to the rows they touch.
+ */
+#ifndef FLASHATTN_FLASHATTN_H
+#define FLASHATTN_FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FA_MAX_DIMS 4
+
+typedef enum fa_dtype { FA_FLOAT32 = 0, FA_FLOAT16 = 1, FA_BFLOAT16 = 2, FA_INT32 = 3 } fa_dtype;
+typedef enum fa_device { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device;
+
+/* A non-owning view. data == NULL marks an optional tensor as absent. */
+typedef struct fa_tensor {
+  void* data;
+  fa_dtype dtype;
+  fa_device device;
+  int device_index;
+  int ndim;
+  int64_t shape[FA_MAX_DIMS];
+  int64_t stride[FA_MAX_DIMS]; /* elements */
+} fa_tensor;
+
+typedef enum fa_status {
+  FA_OK = 0,
+  FA_ERROR_INVALID_ARGUMENT = 1, /* a rule of the API was broken; the message names the argument and rule */
+  FA_ERROR_UNSUPPORTED = 2,      /* valid request that no built backend implements (e.g. dropout, fp32 on CUDA) */
+  FA_ERROR_BACKEND = 3,          /* the device runtime failed (launch error, out of memory) */
+} fa_status;
+
+typedef enum fa_causal_alignment { FA_ALIGN_BOTTOM_RIGHT = 0, FA_ALIGN_TOP_LEFT = 1 } fa_causal_alignment;
+
+typedef enum fa_backend {
+  FA_BACKEND_AUTO = 0, /* the tensors' device decides; on CUDA the fastest kernel for the architecture */
+  FA_BACKEND_CPU = 1,
+  FA_BACKEND_CUDA_SM80 = 2,
+  FA_BACKEND_CUDA_SM90 = 3,
+} fa_backend;
+
+/* What to compute: shared by forward and backward. */
+typedef struct fa_attention {
+  fa_tensor q, k, v;
+  fa_tensor cu_seqlens_q, cu_seqlens_k; /* int32 (B+1); both present (varlen) or both absent */
+  fa_tensor seqused_k;                  /* optional int32 (B): keys actually used per sequence */
+  int64_t max_seqlen_q, max_seqlen_k;   /* varlen only: upper bounds of the per-sequence lengths */
+  int has_softmax_scale;                /* 0: scale = 1/sqrt(head_dim) */
+  float softmax_scale;
+  int causal;
+  fa_causal_alignment causal_alignment;
+  int64_t window_left, window_right; /* -1 = unbounded */
+  float softcap;                     /* 0 = off */
+  fa_tensor alibi_slopes;            /* optional float32 (Hq) or (B, Hq) */
+  float dropout_p;                   /* reserved: must be 0 until dropout is built */
+} fa_attention;
+
+/* How to run it. */
+typedef struct fa_exec {
+  fa_backend backend;
+  int num_threads;    /* CPU worker threads; 0 = all hardware threads */
+  void* stream;       /* cudaStream_t for CUDA tensors; NULL = default stream */
+  int deterministic;  /* backward: bit-identical results run to run */
+} fa_exec;
+
+typedef struct fa_fwd_params {
+  fa_attention attn;
+  fa_tensor out;
+  fa_tensor lse; /* optional */
+} fa_fwd_params;
+
+typedef struct fa_bwd_params {
+  fa_attention attn;
+  fa_tensor out, lse, dout; /* out and lse as written by the forward */
+  fa_tensor dq, dk, dv;
+} fa_bwd_params;
+
+/* Defaults: no tensors, no mask, default scale, bottom-right alignment, unbounded window. */
+fa_attention fa_attention_default(void);
+fa_exec fa_exec_default(void);
+
+fa_status fa_forward(const fa_fwd_params* params, const fa_exec* exec);
+fa_status fa_backward(const fa_bwd_params* params, const fa_exec* exec);
+
+/* The message of the last failed call on this thread ("" after success). */
+const char* fa_last_error(void);
+
+/* The backend fa_forward would pick for these params ("cpu", "cuda-sm80", "cuda-sm90"). */
+const char* fa_backend_name(const fa_fwd_params* params, const fa_exec* exec);
+
+/* Query/key tile sizes the chosen backend uses for this head dim (for IO accounting). */
+void fa_forward_tile_shape(const fa_fwd_params* params, const fa_exec* exec, int* block_q, int* block_k);
+
+/* Contiguous view helper: strides filled row-major. */
+fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim, const int64_t* shape);
+
+int fa_cuda_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,72 @@
+// C++ API over the C ABI in flashattn.h: the same parameter structs, a Status that carries the message,
+// and helpers to describe tensors. No exceptions cross this boundary; nothing here needs torch.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+using Tensor = fa_tensor;
+using Attention = fa_attention;
+using Exec = fa_exec;
+using FwdParams = fa_fwd_params;
+using BwdParams = fa_bwd_params;
+
+struct Status {
+  fa_status code = FA_OK;
+  std::string message;
+  bool ok() const { return code == FA_OK; }
+  explicit operator bool() const { return ok(); }
+};
+
+inline Status forward(const FwdParams& p, const Exec& e = fa_exec_default()) {
+  fa_status c = fa_forward(&p, &e);
+  return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
+}
+
+inline Status backward(const BwdParams& p, const Exec& e = fa_exec_default()) {
+  fa_status c = fa_backward(&p, &e);
+  return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
+}
+
+// A contiguous (row-major) view of `data` with the given shape.
+inline Tensor make_tensor(void* data, fa_dtype dtype, std::initializer_list<int64_t> shape,
+                          fa_device device = FA_DEVICE_CPU) {
+  int64_t dims[FA_MAX_DIMS] = {0, 0, 0, 0};
+  int n = 0;
+  for (int64_t s : shape) {
+    if (n < FA_MAX_DIMS) dims[n] = s;
+    ++n;
+  }
+  return fa_make_tensor(data, dtype, device, n, dims);
+}
+
+inline FwdParams make_fwd_params() {
+  FwdParams p{};
+  p.attn = fa_attention_default();
+  return p;
+}
+
+inline BwdParams make_bwd_params() {
+  BwdParams p{};
+  p.attn = fa_attention_default();
+  return p;
+}
+
+inline std::size_t dtype_size(fa_dtype t) { return t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : 4; }
+
+inline const char* dtype_name(fa_dtype t) {
+  switch (t) {
+    case FA_FLOAT32: return "float32";
+    case FA_FLOAT16: return "float16";
+    case FA_BFLOAT16: return "bfloat16";
+    case FA_INT32: return "int32";
+  }
+  return "unknown";
+}
+
+}  // namespace flashattn

@@ -1,0 +1,169 @@
+// The C ABI entry points: pick the backend, run the one validation, hand the Problem to the backend.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "flashattn/flashattn.h"
+
+namespace flashattn::detail {
+namespace {
+
+thread_local std::string g_last_error;
+
+fa_status record(const Error& e) {
+  g_last_error = e.message;
+  return e.code;
+}
+
+Error pick_backend(const fa_tensor& q, const fa_exec& exec, const Backend** out) {
+  if (exec.backend < FA_BACKEND_AUTO || exec.backend > FA_BACKEND_CUDA_SM90)
+    return invalid("exec.backend", "unknown backend code " + std::to_string(int(exec.backend)));
+  if (q.device == FA_DEVICE_CPU) {
+    if (exec.backend != FA_BACKEND_AUTO && exec.backend != FA_BACKEND_CPU)
+      return invalid("exec.backend", "a CUDA backend needs CUDA tensors (q is on the CPU)");
+    *out = &cpu_backend();
+    return ok();
+  }
+  if (q.device != FA_DEVICE_CUDA) return invalid("q", "unknown device code " + std::to_string(int(q.device)));
+  if (exec.backend == FA_BACKEND_CPU) return invalid("exec.backend", "the CPU backend needs CPU tensors (q is on CUDA)");
+#ifdef FLASHATTN_WITH_CUDA
+  return select_cuda_backend(exec.backend, q.device_index, out);
+#else
+  return unsupported("q: CUDA tensors given but this build of flashattn has no CUDA backend");
+#endif
+}
+
+// The validation needs the values of the varlen offsets; CUDA tensors are copied to the host first.
+Error host_int32(const fa_tensor& t, const fa_exec& exec, std::vector<int32_t>* storage, const int32_t** out) {
+  *out = nullptr;
+  if (t.data == nullptr || t.dtype != FA_INT32 || t.ndim != 1 || t.shape[0] < 0) return ok();
+  if (t.device == FA_DEVICE_CPU) {
+    if (t.stride[0] != 1 && t.shape[0] > 1) return ok();  // validation reports the stride
+    *out = static_cast<const int32_t*>(t.data);
+    return ok();
+  }
+#ifdef FLASHATTN_WITH_CUDA
+  if (t.stride[0] != 1 && t.shape[0] > 1) return ok();
+  if (Error e = copy_int32_to_host(t, exec.stream, storage); !e.ok()) return e;
+  *out = storage->data();
+#else
+  (void)exec;
+  (void)storage;
+#endif
+  return ok();
+}
+
+Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse, const fa_tensor* dout,
+              const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir, const fa_exec& exec,
+              const Backend** backend, Problem* problem) {
+  if (Error e = pick_backend(a.q, exec, backend); !e.ok()) return e;
+  if (exec.num_threads < 0) return invalid("exec.num_threads", "must be >= 0, 0 = all hardware threads");
+  std::vector<int32_t> cu_q, cu_k, used;
+  const int32_t *hq = nullptr, *hk = nullptr, *hu = nullptr;
+  if (a.q.device == a.cu_seqlens_q.device && a.q.device == a.cu_seqlens_k.device && a.q.device == a.seqused_k.device) {
+    if (Error e = host_int32(a.cu_seqlens_q, exec, &cu_q, &hq); !e.ok()) return e;
+    if (Error e = host_int32(a.cu_seqlens_k, exec, &cu_k, &hk); !e.ok()) return e;
+    if (Error e = host_int32(a.seqused_k, exec, &used, &hu); !e.ok()) return e;
+  }
+  return validate(a, out, lse, dout, dq, dk, dv, dir, (*backend)->requirements, hq, hk, hu, problem);
+}
+
+}  // namespace
+}  // namespace flashattn::detail
+
+using namespace flashattn::detail;
+
+extern "C" {
+
+fa_attention fa_attention_default(void) {
+  fa_attention a{};
+  a.causal_alignment = FA_ALIGN_BOTTOM_RIGHT;
+  a.window_left = -1;
+  a.window_right = -1;
+  return a;
+}
+
+fa_exec fa_exec_default(void) {
+  fa_exec e{};
+  e.backend = FA_BACKEND_AUTO;
+  return e;
+}
+
+const char* fa_last_error(void) { return g_last_error.c_str(); }
+
+fa_status fa_forward(const fa_fwd_params* params, const fa_exec* exec) {
+  g_last_error.clear();
+  if (params == nullptr) return record(invalid("params", "null pointer"));
+  const fa_exec x = exec ? *exec : fa_exec_default();
+  const Backend* backend = nullptr;
+  Problem problem;
+  if (Error e = prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
+                        Direction::kForward, x, &backend, &problem);
+      !e.ok())
+    return record(e);
+  if (Error e = backend->forward(problem, x); !e.ok()) return record(e);
+  return FA_OK;
+}
+
+fa_status fa_backward(const fa_bwd_params* params, const fa_exec* exec) {
+  g_last_error.clear();
+  if (params == nullptr) return record(invalid("params", "null pointer"));
+  const fa_exec x = exec ? *exec : fa_exec_default();
+  const Backend* backend = nullptr;
+  Problem problem;
+  if (Error e = prepare(params->attn, params->out, params->lse, &params->dout, &params->dq, &params->dk, &params->dv,
+                        Direction::kBackward, x, &backend, &problem);
+      !e.ok())
+    return record(e);
+  if (backend->backward == nullptr)
+    return record(unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet"));
+  if (Error e = backend->backward(problem, x); !e.ok()) return record(e);
+  return FA_OK;
+}
+
+const char* fa_backend_name(const fa_fwd_params* params, const fa_exec* exec) {
+  const fa_exec x = exec ? *exec : fa_exec_default();
+  const Backend* backend = nullptr;
+  if (params == nullptr || !pick_backend(params->attn.q, x, &backend).ok()) return "none";
+  return backend->name;
+}
+
+void fa_forward_tile_shape(const fa_fwd_params* params, const fa_exec* exec, int* block_q, int* block_k) {
+  *block_q = *block_k = 0;
+  const fa_exec x = exec ? *exec : fa_exec_default();
+  const Backend* backend = nullptr;
+  Problem problem;
+  if (params == nullptr || !prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
+                                    Direction::kForward, x, &backend, &problem)
+                                .ok())
+    return;
+  TileShape t = backend->tile_shape(problem);
+  *block_q = t.block_q;
+  *block_k = t.block_k;
+}
+
+fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim, const int64_t* shape) {
+  fa_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.ndim = ndim;
+  int64_t stride = 1;
+  for (int i = (ndim < FA_MAX_DIMS ? ndim : FA_MAX_DIMS) - 1; i >= 0; --i) {
+    t.shape[i] = shape[i];
+    t.stride[i] = stride;
+    stride *= shape[i] > 0 ? shape[i] : 1;
+  }
+  return t;
+}
+
+int fa_cuda_available(void) {
+#ifdef FLASHATTN_WITH_CUDA
+  return cuda_device_present() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+}  // extern "C"

@@ -1,0 +1,31 @@
+// What a backend provides to the dispatcher in api.cpp. Backends see only the validated Problem.
+#pragma once
+
+#include "core/problem.hpp"
+
+namespace flashattn::detail {
+
+struct TileShape {
+  int block_q = 0, block_k = 0;
+};
+
+struct Backend {
+  const char* name;
+  Requirements requirements;
+  Error (*forward)(const Problem&, const fa_exec&);
+  Error (*backward)(const Problem&, const fa_exec&);
+  TileShape (*tile_shape)(const Problem&);
+};
+
+const Backend& cpu_backend();
+
+#ifdef FLASHATTN_WITH_CUDA
+// src/cuda/dispatch.cu: the CUDA backend for `requested` (AUTO picks by the device's architecture), or an
+// error naming why none fits (no device, architecture too old, backend not built).
+Error select_cuda_backend(fa_backend requested, int device_index, const Backend** out);
+// Copies a small int32 device tensor (cu_seqlens, seqused_k) to the host, for validation and scheduling.
+Error copy_int32_to_host(const fa_tensor& t, void* stream, std::vector<int32_t>* out);
+bool cuda_device_present();
+#endif
+
+}  // namespace flashattn::detail

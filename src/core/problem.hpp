@@ -1,0 +1,120 @@
+// The validated, normalised description of one attention call. validate.cpp builds it from the public
+// params (one validation for every backend); backends read only this.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn::detail {
+
+struct Error {
+  fa_status code = FA_OK;
+  std::string message;
+  bool ok() const { return code == FA_OK; }
+};
+
+inline Error ok() { return {}; }
+Error invalid(const std::string& argument, const std::string& rule);
+Error unsupported(const std::string& what);
+Error backend_error(const std::string& what);
+
+// Where row r of head h of sequence b lives, in elements from the tensor's base pointer:
+//   batched: b*batch + r*row + h*head;   varlen: (cu[b] + r)*row + h*head.
+struct RowLayout {
+  int64_t batch = 0, row = 0, head = 0;
+  bool by_key = false;  // varlen rows indexed by cu_seqlens_k (k, v, dk, dv) rather than cu_seqlens_q
+};
+
+// What a backend can take; the shared validation enforces it so that every backend reports the same way.
+struct Requirements {
+  int pointer_alignment_bytes = 0;  // 0: the element size
+  int stride_multiple = 1;          // every non-unit stride a multiple of this many elements
+  bool allows_float32 = true;
+  const char* name = "cpu";
+};
+
+struct Problem {
+  fa_dtype dtype = FA_FLOAT32;
+  fa_device device = FA_DEVICE_CPU;
+  int device_index = 0;
+  bool varlen = false;
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
+  int64_t seqlen_q = 0, seqlen_k = 0;  // batched: the sizes; varlen: max_seqlen_q / max_seqlen_k
+  int64_t total_q = 0, total_k = 0;    // rows of q / k over all sequences
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // optional in the forward
+  RowLayout q_layout, k_layout, v_layout, out_layout, lse_layout;
+
+  // Backward only.
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  RowLayout dout_layout, dq_layout, dk_layout, dv_layout;
+
+  // Varlen offsets: device pointers as given, and host copies (always present once validated).
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+  std::vector<int32_t> host_cu_q, host_cu_k, host_used_k;
+
+  float scale = 1.f;
+  float softcap = 0.f;
+  bool causal = false;
+  fa_causal_alignment alignment = FA_ALIGN_BOTTOM_RIGHT;
+  int64_t window_left = -1, window_right = -1;  // causal folded in: window_right == 0
+  const float* alibi = nullptr;
+  int64_t alibi_batch_stride = 0;
+
+  int64_t group() const { return heads_q / heads_kv; }
+  int64_t q_start(int64_t b) const { return varlen ? host_cu_q[b] : 0; }
+  int64_t k_start(int64_t b) const { return varlen ? host_cu_k[b] : 0; }
+  int64_t len_q(int64_t b) const { return varlen ? host_cu_q[b + 1] - host_cu_q[b] : seqlen_q; }
+  int64_t len_k(int64_t b) const {
+    int64_t n = varlen ? host_cu_k[b + 1] - host_cu_k[b] : seqlen_k;
+    return host_used_k.empty() ? n : host_used_k[b];
+  }
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  // Element offset of (b, row r, head h) for a tensor with this layout.
+  // (lse is (B, Hq, Sq) or (Hq, Tq); its RowLayout says so.)
+  int64_t offset(const RowLayout& l, int64_t b, int64_t r, int64_t h) const {
+    if (!varlen) return b * l.batch + r * l.row + h * l.head;
+    return (int64_t(l.by_key ? host_cu_k[b] : host_cu_q[b]) + r) * l.row + h * l.head;
+  }
+  float alibi_slope(int64_t b, int64_t h) const { return alibi ? alibi[b * alibi_batch_stride + h] : 0.f; }
+};
+
+// Key range [lo, hi) visible to query row i of a sequence with (len_q, len_k); empty when lo >= hi.
+struct KeyRange {
+  int64_t lo, hi;
+};
+inline int64_t mask_offset(const Problem& p, int64_t len_q, int64_t len_k) {
+  return p.alignment == FA_ALIGN_BOTTOM_RIGHT ? len_k - len_q : 0;
+}
+inline KeyRange visible_keys(const Problem& p, int64_t i, int64_t len_q, int64_t len_k) {
+  int64_t diag = i + mask_offset(p, len_q, len_k);
+  int64_t lo = p.window_left >= 0 ? diag - p.window_left : 0;
+  int64_t hi = p.window_right >= 0 ? diag + p.window_right + 1 : len_k;
+  if (lo < 0) lo = 0;
+  if (hi > len_k) hi = len_k;
+  return {lo, hi};
+}
+
+enum class Direction { kForward, kBackward };
+
+// The one validation. `req` carries what the chosen backend accepts; for CUDA tensors the caller passes
+// host copies of cu_seqlens/seqused_k (the validation needs their values).
+Error validate(const fa_attention& attn, const fa_tensor& out, const fa_tensor& lse, const fa_tensor* dout,
+               const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir,
+               const Requirements& req, const int32_t* host_cu_q, const int32_t* host_cu_k,
+               const int32_t* host_used_k, Problem* problem);
+
+}  // namespace flashattn::detail

@@ -1,0 +1,339 @@
+// The one validation every backend goes through. Each rule reports "<argument>: <rule> (got ...)".
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+
+#include "core/problem.hpp"
+
+namespace flashattn::detail {
+
+Error invalid(const std::string& argument, const std::string& rule) {
+  return {FA_ERROR_INVALID_ARGUMENT, argument + ": " + rule};
+}
+Error unsupported(const std::string& what) { return {FA_ERROR_UNSUPPORTED, what}; }
+Error backend_error(const std::string& what) { return {FA_ERROR_BACKEND, what}; }
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kHeadDimMultiple = 8;
+
+const char* dtype_str(fa_dtype t) {
+  switch (t) {
+    case FA_FLOAT32: return "float32";
+    case FA_FLOAT16: return "float16";
+    case FA_BFLOAT16: return "bfloat16";
+    case FA_INT32: return "int32";
+  }
+  return "an unknown dtype";
+}
+
+int64_t elem_size(fa_dtype t) { return t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : 4; }
+
+std::string shape_str(const fa_tensor& t) {
+  std::ostringstream s;
+  s << "(";
+  for (int i = 0; i < t.ndim && i < FA_MAX_DIMS; ++i) s << (i ? ", " : "") << t.shape[i];
+  s << ")";
+  return s.str();
+}
+
+std::string shape_str(std::initializer_list<int64_t> dims) {
+  std::ostringstream s;
+  s << "(";
+  int i = 0;
+  for (int64_t d : dims) s << (i++ ? ", " : "") << d;
+  s << ")";
+  return s.str();
+}
+
+bool known_dtype(fa_dtype t) { return t == FA_FLOAT32 || t == FA_FLOAT16 || t == FA_BFLOAT16 || t == FA_INT32; }
+
+// Structural checks common to every tensor argument: present, rank, dtype known, device, strides.
+Error check_tensor(const char* name, const fa_tensor& t, int ndim, const fa_tensor& ref_device,
+                   bool unit_last, const Requirements& req) {
+  if (t.data == nullptr) return invalid(name, "null data pointer");
+  if (t.ndim != ndim)
+    return invalid(name, "must have " + std::to_string(ndim) + " dimensions (got " + std::to_string(t.ndim) + ")");
+  if (!known_dtype(t.dtype)) return invalid(name, "unknown dtype code " + std::to_string(int(t.dtype)));
+  if (t.device != ref_device.device || t.device_index != ref_device.device_index)
+    return invalid(name, "must be on the same device as q");
+  for (int i = 0; i < ndim; ++i) {
+    if (t.shape[i] < 0) return invalid(name, "negative size in shape " + shape_str(t));
+    if (t.stride[i] < 0)
+      return invalid(name, "negative stride " + std::to_string(t.stride[i]) + " in dimension " + std::to_string(i));
+  }
+  if (unit_last && t.shape[ndim - 1] > 1 && t.stride[ndim - 1] != 1)
+    return invalid(name, "last dimension must have unit stride (got stride " + std::to_string(t.stride[ndim - 1]) + ")");
+  int64_t align = req.pointer_alignment_bytes > 0 ? req.pointer_alignment_bytes : elem_size(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(align) != 0)
+    return invalid(name, "data pointer must be aligned to " + std::to_string(align) + " bytes for the " + req.name + " backend");
+  if (unit_last && req.stride_multiple > 1) {
+    for (int i = 0; i < ndim - 1; ++i)
+      if (t.shape[i] > 1 && t.stride[i] % req.stride_multiple != 0)
+        return invalid(name, "stride of dimension " + std::to_string(i) + " must be a multiple of " +
+                                 std::to_string(req.stride_multiple) + " elements for the " + req.name +
+                                 " backend (got " + std::to_string(t.stride[i]) + ")");
+  }
+  return ok();
+}
+
+Error check_shape(const char* name, const fa_tensor& t, std::initializer_list<int64_t> want) {
+  int i = 0;
+  bool same = int(want.size()) == t.ndim;
+  for (int64_t d : want) {
+    if (!same) break;
+    same = t.shape[i++] == d;
+  }
+  if (!same) return invalid(name, "shape must be " + shape_str(want) + " (got " + shape_str(t) + ")");
+  return ok();
+}
+
+Error check_dtype(const char* name, const fa_tensor& t, fa_dtype want, const char* rule) {
+  if (t.dtype != want)
+    return invalid(name, std::string("dtype must be ") + dtype_str(want) + " " + rule + " (got " + dtype_str(t.dtype) + ")");
+  return ok();
+}
+
+RowLayout layout_of(const fa_tensor& t, bool varlen, bool by_key) {
+  RowLayout l;
+  l.by_key = by_key;
+  if (varlen) {
+    l.row = t.stride[0];
+    l.head = t.stride[1];
+  } else {
+    l.batch = t.stride[0];
+    l.row = t.stride[1];
+    l.head = t.stride[2];
+  }
+  return l;
+}
+
+// cu_seqlens: int32 (B+1), starts at 0, non-decreasing, ends at the row count of the tensor it indexes.
+Error check_cu_seqlens(const char* name, const fa_tensor& t, const fa_tensor& q, const int32_t* host,
+                       int64_t total, const char* total_name, int64_t max_seqlen, const char* max_name,
+                       const Requirements& req, std::vector<int32_t>* copy) {
+  const Requirements plain{0, 1, true, req.name};
+  if (Error e = check_tensor(name, t, 1, q, true, plain); !e.ok()) return e;
+  if (Error e = check_dtype(name, t, FA_INT32, "(prefix sums of sequence lengths)"); !e.ok()) return e;
+  if (t.shape[0] < 1) return invalid(name, "must have batch + 1 >= 1 entries (got 0)");
+  if (host == nullptr) return invalid(name, "values could not be read for validation");
+  int64_t n = t.shape[0];
+  copy->assign(host, host + n);
+  if ((*copy)[0] != 0) return invalid(name, "must start at 0 (got " + std::to_string((*copy)[0]) + ")");
+  int64_t longest = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if ((*copy)[i] < (*copy)[i - 1])
+      return invalid(name, "must be non-decreasing (entry " + std::to_string(i) + " = " + std::to_string((*copy)[i]) +
+                               " < entry " + std::to_string(i - 1) + " = " + std::to_string((*copy)[i - 1]) + ")");
+    longest = std::max<int64_t>(longest, (*copy)[i] - (*copy)[i - 1]);
+  }
+  if ((*copy)[n - 1] != total)
+    return invalid(name, "last entry must equal the number of rows of " + std::string(total_name) + " (got " +
+                             std::to_string((*copy)[n - 1]) + ", expected " + std::to_string(total) + ")");
+  if (max_seqlen < longest)
+    return invalid(max_name, "must be at least the longest sequence (got " + std::to_string(max_seqlen) +
+                                 ", longest is " + std::to_string(longest) + ")");
+  return ok();
+}
+
+}  // namespace
+
+Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse, const fa_tensor* dout,
+               const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir,
+               const Requirements& req, const int32_t* host_cu_q, const int32_t* host_cu_k,
+               const int32_t* host_used_k, Problem* p) {
+  *p = Problem{};
+  const bool has_cu_q = a.cu_seqlens_q.data != nullptr, has_cu_k = a.cu_seqlens_k.data != nullptr;
+  if (has_cu_q != has_cu_k)
+    return invalid(has_cu_q ? "cu_seqlens_k" : "cu_seqlens_q", "varlen needs both cu_seqlens_q and cu_seqlens_k");
+  const bool varlen = has_cu_q;
+  const int nd = varlen ? 3 : 4;
+  const int hd = nd - 2;  // index of the heads dimension
+
+  if (a.q.data == nullptr) return invalid("q", "null data pointer");
+  if (Error e = check_tensor("q", a.q, nd, a.q, true, req); !e.ok()) return e;
+  if (a.q.dtype != FA_FLOAT32 && a.q.dtype != FA_FLOAT16 && a.q.dtype != FA_BFLOAT16)
+    return invalid("q", std::string("dtype must be float32, float16 or bfloat16 (got ") + dtype_str(a.q.dtype) + ")");
+  if (a.q.dtype == FA_FLOAT32 && !req.allows_float32)
+    return unsupported(std::string("q: dtype float32 is not supported by the ") + req.name + " backend (use float16 or bfloat16)");
+  if (Error e = check_tensor("k", a.k, nd, a.q, true, req); !e.ok()) return e;
+  if (Error e = check_tensor("v", a.v, nd, a.q, true, req); !e.ok()) return e;
+  if (Error e = check_dtype("k", a.k, a.q.dtype, "(same as q)"); !e.ok()) return e;
+  if (Error e = check_dtype("v", a.v, a.q.dtype, "(same as q)"); !e.ok()) return e;
+
+  p->dtype = a.q.dtype;
+  p->device = a.q.device;
+  p->device_index = a.q.device_index;
+  p->varlen = varlen;
+  p->heads_q = a.q.shape[hd];
+  p->heads_kv = a.k.shape[hd];
+  p->head_dim = a.q.shape[hd + 1];
+  p->head_dim_v = a.v.shape[hd + 1];
+
+  if (p->head_dim % kHeadDimMultiple != 0 || p->head_dim < kHeadDimMultiple || p->head_dim > kMaxHeadDim)
+    return invalid("q", "head_dim must be a multiple of 8 in [8, 256] (got " + std::to_string(p->head_dim) + ")");
+  if (a.k.shape[hd + 1] != p->head_dim)
+    return invalid("k", "head_dim must equal q's (" + std::to_string(p->head_dim) + ", got " +
+                            std::to_string(a.k.shape[hd + 1]) + ")");
+  if (p->head_dim_v % kHeadDimMultiple != 0 || p->head_dim_v < kHeadDimMultiple || p->head_dim_v > kMaxHeadDim)
+    return invalid("v", "head_dim must be a multiple of 8 in [8, 256] (got " + std::to_string(p->head_dim_v) + ")");
+  if (p->heads_q < 1) return invalid("q", "must have at least one head");
+  if (p->heads_kv < 1) return invalid("k", "must have at least one head");
+  if (p->heads_q % p->heads_kv != 0)
+    return invalid("k", "heads of q (" + std::to_string(p->heads_q) + ") must be a multiple of heads of k/v (" +
+                            std::to_string(p->heads_kv) + ") for GQA/MQA");
+  if (a.v.shape[hd] != p->heads_kv)
+    return invalid("v", "must have as many heads as k (" + std::to_string(p->heads_kv) + ", got " + std::to_string(a.v.shape[hd]) + ")");
+  if (a.v.shape[0] != a.k.shape[0] || (!varlen && a.v.shape[1] != a.k.shape[1]))
+    return invalid("v", "shape " + shape_str(a.v) + " must match k's " + shape_str(a.k) + " except head_dim");
+
+  if (varlen) {
+    p->total_q = a.q.shape[0];
+    p->total_k = a.k.shape[0];
+    if (a.max_seqlen_q < 0) return invalid("max_seqlen_q", "must be non-negative");
+    if (a.max_seqlen_k < 0) return invalid("max_seqlen_k", "must be non-negative");
+    if (Error e = check_cu_seqlens("cu_seqlens_q", a.cu_seqlens_q, a.q, host_cu_q, p->total_q, "q", a.max_seqlen_q,
+                                   "max_seqlen_q", req, &p->host_cu_q);
+        !e.ok())
+      return e;
+    if (Error e = check_cu_seqlens("cu_seqlens_k", a.cu_seqlens_k, a.q, host_cu_k, p->total_k, "k", a.max_seqlen_k,
+                                   "max_seqlen_k", req, &p->host_cu_k);
+        !e.ok())
+      return e;
+    if (a.cu_seqlens_k.shape[0] != a.cu_seqlens_q.shape[0])
+      return invalid("cu_seqlens_k", "must have as many entries as cu_seqlens_q (got " +
+                                         std::to_string(a.cu_seqlens_k.shape[0]) + " vs " +
+                                         std::to_string(a.cu_seqlens_q.shape[0]) + ")");
+    p->batch = a.cu_seqlens_q.shape[0] - 1;
+    p->seqlen_q = a.max_seqlen_q;
+    p->seqlen_k = a.max_seqlen_k;
+    p->cu_seqlens_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
+    p->cu_seqlens_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
+  } else {
+    p->batch = a.q.shape[0];
+    p->seqlen_q = a.q.shape[1];
+    p->seqlen_k = a.k.shape[1];
+    if (a.k.shape[0] != p->batch)
+      return invalid("k", "batch must equal q's (" + std::to_string(p->batch) + ", got " + std::to_string(a.k.shape[0]) + ")");
+    p->total_q = p->batch * p->seqlen_q;
+    p->total_k = p->batch * p->seqlen_k;
+  }
+
+  if (a.seqused_k.data != nullptr) {
+    const Requirements plain{0, 1, true, req.name};
+    if (Error e = check_tensor("seqused_k", a.seqused_k, 1, a.q, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("seqused_k", a.seqused_k, FA_INT32, "(keys used per sequence)"); !e.ok()) return e;
+    if (Error e = check_shape("seqused_k", a.seqused_k, {p->batch}); !e.ok()) return e;
+    if (host_used_k == nullptr) return invalid("seqused_k", "values could not be read for validation");
+    p->host_used_k.assign(host_used_k, host_used_k + p->batch);
+    for (int64_t b = 0; b < p->batch; ++b) {
+      int64_t avail = varlen ? p->host_cu_k[b + 1] - p->host_cu_k[b] : p->seqlen_k;
+      if (p->host_used_k[b] < 0 || p->host_used_k[b] > avail)
+        return invalid("seqused_k", "entry " + std::to_string(b) + " must be in [0, " + std::to_string(avail) +
+                                        "] keys of that sequence (got " + std::to_string(p->host_used_k[b]) + ")");
+    }
+    p->seqused_k = static_cast<const int32_t*>(a.seqused_k.data);
+  }
+
+  // Scalars and the mask.
+  if (a.has_softmax_scale) {
+    if (!std::isfinite(a.softmax_scale) || a.softmax_scale <= 0.f)
+      return invalid("softmax_scale", "must be finite and positive (got " + std::to_string(a.softmax_scale) + ")");
+    p->scale = a.softmax_scale;
+  } else {
+    p->scale = float(1.0 / std::sqrt(double(p->head_dim)));
+  }
+  if (!std::isfinite(a.softcap) || a.softcap < 0.f)
+    return invalid("softcap", "must be finite and >= 0, 0 = off (got " + std::to_string(a.softcap) + ")");
+  p->softcap = a.softcap;
+  if (!(a.dropout_p >= 0.f && a.dropout_p < 1.f))
+    return invalid("dropout_p", "must be in [0, 1) (got " + std::to_string(a.dropout_p) + ")");
+  if (a.dropout_p != 0.f) return unsupported("dropout_p: dropout is not implemented yet (pass 0)");
+  if (a.causal_alignment != FA_ALIGN_BOTTOM_RIGHT && a.causal_alignment != FA_ALIGN_TOP_LEFT)
+    return invalid("causal_alignment", "must be FA_ALIGN_BOTTOM_RIGHT or FA_ALIGN_TOP_LEFT");
+  if (a.window_left < -1) return invalid("window_left", "must be >= -1, -1 = unbounded (got " + std::to_string(a.window_left) + ")");
+  if (a.window_right < -1) return invalid("window_right", "must be >= -1, -1 = unbounded (got " + std::to_string(a.window_right) + ")");
+  if (a.causal && a.window_right > 0)
+    return invalid("window_right", "must be 0 or -1 when causal (causal means window_right = 0; got " +
+                                       std::to_string(a.window_right) + ")");
+  p->causal = a.causal != 0;
+  p->alignment = a.causal_alignment;
+  p->window_left = a.window_left;
+  p->window_right = a.causal ? 0 : a.window_right;
+
+  if (a.alibi_slopes.data != nullptr) {
+    const fa_tensor& s = a.alibi_slopes;
+    const Requirements plain{0, 1, true, req.name};
+    if (s.ndim != 1 && s.ndim != 2)
+      return invalid("alibi_slopes", "must have shape (heads_q) or (batch, heads_q) (got " + shape_str(s) + ")");
+    if (Error e = check_tensor("alibi_slopes", s, s.ndim, a.q, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("alibi_slopes", s, FA_FLOAT32, "(one slope per head)"); !e.ok()) return e;
+    if (s.ndim == 1) {
+      if (Error e = check_shape("alibi_slopes", s, {p->heads_q}); !e.ok()) return e;
+    } else {
+      if (Error e = check_shape("alibi_slopes", s, {p->batch, p->heads_q}); !e.ok()) return e;
+      p->alibi_batch_stride = s.stride[0];
+    }
+    p->alibi = static_cast<const float*>(s.data);
+  }
+
+  // Outputs.
+  const int64_t rows_q = varlen ? p->total_q : p->seqlen_q;
+  auto check_q_shaped = [&](const char* name, const fa_tensor& t, int64_t dim) -> Error {
+    if (Error e = check_tensor(name, t, nd, a.q, true, req); !e.ok()) return e;
+    if (Error e = check_dtype(name, t, p->dtype, "(same as q)"); !e.ok()) return e;
+    return varlen ? check_shape(name, t, {rows_q, p->heads_q, dim}) : check_shape(name, t, {p->batch, rows_q, p->heads_q, dim});
+  };
+  auto check_k_shaped = [&](const char* name, const fa_tensor& t, const fa_tensor& like) -> Error {
+    if (Error e = check_tensor(name, t, nd, a.q, true, req); !e.ok()) return e;
+    if (Error e = check_dtype(name, t, p->dtype, "(same as q)"); !e.ok()) return e;
+    for (int i = 0; i < nd; ++i)
+      if (t.shape[i] != like.shape[i]) return invalid(name, "shape must equal " + shape_str(like) + " (got " + shape_str(t) + ")");
+    return ok();
+  };
+  if (Error e = check_q_shaped("out", out, p->head_dim_v); !e.ok()) return e;
+
+  const bool need_lse = dir == Direction::kBackward;
+  if (lse.data != nullptr || need_lse) {
+    const Requirements plain{0, 1, true, req.name};
+    int lse_nd = varlen ? 2 : 3;
+    if (Error e = check_tensor("lse", lse, lse_nd, a.q, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("lse", lse, FA_FLOAT32, "(log-sum-exp per query row)"); !e.ok()) return e;
+    if (varlen) {
+      if (Error e = check_shape("lse", lse, {p->heads_q, p->total_q}); !e.ok()) return e;
+      p->lse_layout = RowLayout{0, lse.stride[1], lse.stride[0], false};
+    } else {
+      if (Error e = check_shape("lse", lse, {p->batch, p->heads_q, p->seqlen_q}); !e.ok()) return e;
+      p->lse_layout = RowLayout{lse.stride[0], lse.stride[2], lse.stride[1], false};
+    }
+    p->lse = static_cast<float*>(lse.data);
+  }
+
+  p->q = a.q.data;
+  p->k = a.k.data;
+  p->v = a.v.data;
+  p->out = out.data;
+  p->q_layout = layout_of(a.q, varlen, false);
+  p->k_layout = layout_of(a.k, varlen, true);
+  p->v_layout = layout_of(a.v, varlen, true);
+  p->out_layout = layout_of(out, varlen, false);
+
+  if (dir == Direction::kBackward) {
+    if (Error e = check_q_shaped("dout", *dout, p->head_dim_v); !e.ok()) return e;
+    if (Error e = check_q_shaped("dq", *dq, p->head_dim); !e.ok()) return e;
+    if (Error e = check_k_shaped("dk", *dk, a.k); !e.ok()) return e;
+    if (Error e = check_k_shaped("dv", *dv, a.v); !e.ok()) return e;
+    p->dout = dout->data;
+    p->dq = dq->data;
+    p->dk = dk->data;
+    p->dv = dv->data;
+    p->dout_layout = layout_of(*dout, varlen, false);
+    p->dq_layout = layout_of(*dq, varlen, false);
+    p->dk_layout = layout_of(*dk, varlen, true);
+    p->dv_layout = layout_of(*dv, varlen, true);
+  }
+  return ok();
+}
+
+}  // namespace flashattn::detail

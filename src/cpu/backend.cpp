@@ -1,0 +1,79 @@
+// The CPU backend: picks the kernels build for this processor's vector width and reports tile shapes.
+#include <atomic>
+
+#include "core/backend.hpp"
+#include "cpu/tiles.hpp"
+
+namespace flashattn::cpu {
+
+#define FA_DECLARE_ISA(ns)                                              \
+  namespace ns {                                                        \
+  detail::Error forward(const detail::Problem& p, int threads);        \
+  detail::Error backward(const detail::Problem& p, int threads);       \
+  }
+FA_DECLARE_ISA(baseline)
+#ifdef FA_CPU_HAVE_AVX2
+FA_DECLARE_ISA(avx2)
+#endif
+#ifdef FA_CPU_HAVE_AVX512
+FA_DECLARE_ISA(avx512)
+#endif
+#undef FA_DECLARE_ISA
+
+namespace {
+
+std::atomic<std::size_t> g_current{0}, g_peak{0};
+
+struct Kernels {
+  detail::Error (*forward)(const detail::Problem&, int);
+  detail::Error (*backward)(const detail::Problem&, int);
+};
+
+Kernels pick() {
+#if defined(FA_CPU_HAVE_AVX512)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return {avx512::forward, avx512::backward};
+#endif
+#if defined(FA_CPU_HAVE_AVX2)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("bmi2"))
+    return {avx2::forward, avx2::backward};
+#endif
+  return {baseline::forward, baseline::backward};
+}
+
+const Kernels& kernels() {
+  static const Kernels k = pick();
+  return k;
+}
+
+detail::Error forward(const detail::Problem& p, const fa_exec& e) { return kernels().forward(p, e.num_threads); }
+detail::Error backward(const detail::Problem& p, const fa_exec& e) { return kernels().backward(p, e.num_threads); }
+detail::TileShape tile_shape(const detail::Problem& p) {
+  CpuTiles t = cpu_tiles(p.head_dim);
+  return {t.block_q, t.block_k};
+}
+
+}  // namespace
+
+void note_alloc(std::size_t bytes) {
+  std::size_t now = g_current.fetch_add(bytes) + bytes;
+  std::size_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+void note_free(std::size_t bytes) { g_current.fetch_sub(bytes); }
+std::size_t peak_scratch_bytes() { return g_peak.load(); }
+void reset_peak_scratch_bytes() { g_peak.store(g_current.load()); }
+
+}  // namespace flashattn::cpu
+
+namespace flashattn::detail {
+
+const Backend& cpu_backend() {
+  static const Backend b{"cpu", Requirements{0, 1, true, "cpu"}, cpu::forward, cpu::backward, cpu::tile_shape};
+  return b;
+}
+
+}  // namespace flashattn::detail

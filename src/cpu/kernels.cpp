@@ -1,0 +1,412 @@
+// The CPU FlashAttention forward and backward. Built once per instruction set (FA_CPU_ISA names the
+// namespace, FA_CPU_VEC_BYTES the vector width); backend.cpp picks the build that the processor runs.
+//
+// Forward: one task per (sequence, query head, 64-row query block). K/V are streamed in 64-key tiles; the
+// online softmax keeps the running max m, sum l and the unnormalised output O of the block in fp32, so the
+// only memory beyond the inputs and outputs is a few tiles per thread.
+// Backward: D = rowsum(dO * O) first; then one task per (sequence, query head, chunk of key blocks) that
+// recomputes P from the saved LSE tile by tile, accumulates dK/dV of its key block in registers-sized tiles
+// and its share of dQ in an fp32 buffer; a last pass sums dQ over chunks and dK/dV over each GQA group.
+// Every sum is taken in a fixed order, so the backward is deterministic.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/problem.hpp"
+#include "cpu/numeric.hpp"
+#include "cpu/scratch.hpp"
+#include "cpu/tile_gemm.hpp"
+#include "cpu/tiles.hpp"
+
+#ifndef FA_CPU_ISA
+#define FA_CPU_ISA baseline
+#endif
+
+namespace flashattn::cpu::FA_CPU_ISA {
+
+using detail::Error;
+using detail::Problem;
+using detail::RowLayout;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Dims {
+  int d, dv, dp, dvp;  // head dims and their padding to the vector width
+  int bq, bk;
+};
+
+Dims dims_of(const Problem& p) {
+  CpuTiles t = cpu_tiles(p.head_dim);
+  return {int(p.head_dim), int(p.head_dim_v), round_up(int(p.head_dim), kVecFloats),
+          round_up(int(p.head_dim_v), kVecFloats), t.block_q, t.block_k};
+}
+
+// Copies `rows` rows (of `valid` present ones) x `dim` columns into a zero-padded [rows][ld] fp32 tile.
+template <fa_dtype T>
+void load_tile(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int rows,
+               int valid, int dim, int ld, float* dst) {
+  using S = Storage<T>;
+  const auto* src = static_cast<const typename S::type*>(base);
+  for (int r = 0; r < rows; ++r) {
+    float* d = dst + int64_t(r) * ld;
+    if (r < valid) {
+      const auto* s = src + p.offset(l, b, r0 + r, h);
+      for (int c = 0; c < dim; ++c) d[c] = S::load(s[c]);
+      for (int c = dim; c < ld; ++c) d[c] = 0.f;
+    } else {
+      std::fill(d, d + ld, 0.f);
+    }
+  }
+}
+
+// Same, transposed: dst[c][r], ld = the padded row count.
+template <fa_dtype T>
+void load_tile_t(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int rows,
+                 int valid, int dim, int dim_pad, int ld, float* dst) {
+  using S = Storage<T>;
+  const auto* src = static_cast<const typename S::type*>(base);
+  for (int r = 0; r < rows; ++r) {
+    if (r < valid) {
+      const auto* s = src + p.offset(l, b, r0 + r, h);
+      for (int c = 0; c < dim; ++c) dst[int64_t(c) * ld + r] = S::load(s[c]);
+    } else {
+      for (int c = 0; c < dim; ++c) dst[int64_t(c) * ld + r] = 0.f;
+    }
+  }
+  for (int c = dim; c < dim_pad; ++c) std::fill(dst + int64_t(c) * ld, dst + int64_t(c) * ld + rows, 0.f);
+}
+
+// Turns raw q.k products of one row into logits: scale, softcap, ALiBi, mask. Returns the values the
+// softcap derivative needs in `capped` (nullptr when not wanted).
+struct RowTransform {
+  float scale, softcap, slope;
+  int64_t diag;   // i + mask offset: the ALiBi distance origin
+  int64_t lo, hi; // visible keys of this row
+  bool full;      // every key of the tile visible: the mask loop can be skipped
+};
+
+inline void logits_row(const RowTransform& t, int64_t j0, int n, float* s) {
+  for (int c = 0; c < n; ++c) s[c] *= t.scale;
+  if (t.softcap > 0.f) {
+    const float inv = 1.f / t.softcap;
+    for (int c = 0; c < n; ++c) s[c] = t.softcap * tanh_fast(s[c] * inv);
+  }
+  if (t.slope != 0.f) {
+    for (int c = 0; c < n; ++c) {
+      float dist = float(t.diag - (j0 + c));
+      s[c] -= t.slope * (dist < 0.f ? -dist : dist);
+    }
+  }
+  if (!t.full) {
+    for (int c = 0; c < n; ++c) {
+      int64_t j = j0 + c;
+      s[c] = (j < t.lo || j >= t.hi) ? kNegInf : s[c];
+    }
+  }
+}
+
+RowTransform row_transform(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t lq, int64_t lk, int64_t j0,
+                           int bk) {
+  detail::KeyRange kr = detail::visible_keys(p, i, lq, lk);
+  RowTransform t;
+  t.scale = p.scale;
+  t.softcap = p.softcap;
+  t.slope = p.alibi_slope(b, h);
+  t.diag = i + detail::mask_offset(p, lq, lk);
+  t.lo = kr.lo;
+  t.hi = kr.hi;
+  t.full = kr.lo <= j0 && kr.hi >= j0 + bk;
+  return t;
+}
+
+// NaN-propagating max: once a NaN is seen it stays, so the row's output becomes NaN.
+inline float row_max(const float* s, int n, float m) {
+  for (int c = 0; c < n; ++c) m = (s[c] > m || s[c] != s[c]) ? s[c] : m;
+  return m;
+}
+
+int thread_count(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
+
+template <fa_dtype T>
+Error forward_impl(const Problem& p, int threads) {
+  const Dims dm = dims_of(p);
+  const int64_t group = p.group();
+  // Tasks: (sequence, query block) pairs, times heads.
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i0 = 0; i0 < p.len_q(b); i0 += dm.bq) blocks.push_back({b, i0});
+  const int64_t ntasks = int64_t(blocks.size()) * p.heads_q;
+  bool alloc_failed = false;
+
+#pragma omp parallel num_threads(thread_count(threads))
+  {
+    FloatBuffer q(size_t(dm.bq) * dm.dp), kt(size_t(dm.dp) * dm.bk), v(size_t(dm.bk) * dm.dvp);
+    FloatBuffer s(size_t(dm.bq) * dm.bk), o(size_t(dm.bq) * dm.dvp), m(dm.bq), l(dm.bq);
+    const bool ok = q.data() && kt.data() && v.data() && s.data() && o.data() && m.data() && l.data();
+    if (!ok) {
+#pragma omp atomic write
+      alloc_failed = true;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; ++task) {
+      if (!ok) continue;
+      // Longest blocks first under causal masks: later query blocks see more keys.
+      const auto [b, i0] = blocks[blocks.size() - 1 - size_t(task / p.heads_q)];
+      const int64_t h = task % p.heads_q, hk = h / group;
+      const int64_t lq = p.len_q(b), lk = p.len_k(b);
+      const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
+      load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, q.data());
+      o.zero();
+      std::fill(m.data(), m.data() + dm.bq, kNegInf);
+      std::fill(l.data(), l.data() + dm.bq, 0.f);
+      const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk);
+      const detail::KeyRange last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
+      for (int64_t j0 = first.lo / dm.bk * dm.bk; j0 < last.hi; j0 += dm.bk) {
+        const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
+        load_tile_t<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, dm.bk, kt.data());
+        load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
+        gemm<false>(dm.bq, dm.bk, dm.dp, q.data(), dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
+        for (int r = 0; r < dm.bq; ++r) {
+          float* sr = s.data() + int64_t(r) * dm.bk;
+          if (r >= rows) {
+            std::fill(sr, sr + dm.bk, 0.f);
+            continue;
+          }
+          RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
+          logits_row(t, j0, dm.bk, sr);
+          const float m_new = row_max(sr, dm.bk, m.data()[r]);
+          if (m_new == kNegInf) {  // nothing visible yet in this row
+            std::fill(sr, sr + dm.bk, 0.f);
+            continue;
+          }
+          const float alpha = exp_nonpositive(m.data()[r] - m_new);
+          float sum = 0.f;
+          for (int c = 0; c < dm.bk; ++c) {
+            sr[c] = exp_nonpositive(sr[c] - m_new);
+            sum += sr[c];
+          }
+          l.data()[r] = l.data()[r] * alpha + sum;
+          m.data()[r] = m_new;
+          if (alpha != 1.f) {
+            float* orow = o.data() + int64_t(r) * dm.dvp;
+            for (int c = 0; c < dm.dvp; ++c) orow[c] *= alpha;
+          }
+        }
+        gemm<true>(dm.bq, dm.dvp, dm.bk, s.data(), dm.bk, v.data(), dm.dvp, o.data(), dm.dvp);
+      }
+      using S = Storage<T>;
+      auto* out = static_cast<typename S::type*>(p.out);
+      for (int r = 0; r < rows; ++r) {
+        const float lr = l.data()[r], mr = m.data()[r];
+        // l == 0 only when no key was visible (m stays -inf): out = 0, lse = -inf. A NaN m keeps NaN.
+        const float inv = lr > 0.f ? 1.f / lr : (lr == 0.f ? 0.f : lr);
+        const float* orow = o.data() + int64_t(r) * dm.dvp;
+        auto* dst = out + p.offset(p.out_layout, b, i0 + r, h);
+        for (int c = 0; c < dm.dv; ++c) dst[c] = S::store(orow[c] * inv);
+        if (p.lse) p.lse[p.offset(p.lse_layout, b, i0 + r, h)] = lr > 0.f ? mr + std::log(lr) : (lr == 0.f ? kNegInf : lr);
+      }
+    }
+  }
+  if (alloc_failed) return detail::backend_error("cpu: out of memory allocating per-thread tiles");
+  return detail::ok();
+}
+
+template <fa_dtype T>
+Error backward_impl(const Problem& p, int threads) {
+  using S = Storage<T>;
+  const Dims dm = dims_of(p);
+  const int64_t group = p.group(), H = p.heads_q;
+  const int nthreads = thread_count(threads);
+  const int64_t tq = p.total_q, tk = p.total_k;
+  // Rows of the fp32 accumulators are global rows: varlen rows as they are, batched rows b * S + r.
+  auto qrow = [&](int64_t b, int64_t r) { return p.varlen ? p.host_cu_q[b] + r : b * p.seqlen_q + r; };
+  auto krow = [&](int64_t b, int64_t r) { return p.varlen ? p.host_cu_k[b] + r : b * p.seqlen_k + r; };
+
+  // Key-block chunks per (sequence, head): enough tasks to occupy every thread, few enough that the dQ
+  // partial sums (one fp32 copy of dQ per chunk) stay small.
+  int64_t max_kblocks = 0;
+  for (int64_t b = 0; b < p.batch; ++b) max_kblocks = std::max<int64_t>(max_kblocks, (p.len_k(b) + dm.bk - 1) / dm.bk);
+  constexpr int64_t kMaxChunks = 4;
+  const int64_t want = (2 * nthreads + p.batch * H - 1) / std::max<int64_t>(1, p.batch * H);
+  const int64_t chunks = std::max<int64_t>(1, std::min({want, kMaxChunks, std::max<int64_t>(1, max_kblocks)}));
+
+  FloatBuffer D, lse, dq_acc, dk_acc, dv_acc;
+  if (!D.reset(size_t(H * tq)) || !lse.reset(size_t(H * tq)) || !dq_acc.reset(size_t(chunks * H * tq * dm.dp)) ||
+      !dk_acc.reset(size_t(H * tk * dm.dp)) || !dv_acc.reset(size_t(H * tk * dm.dvp)))
+    return detail::backend_error("cpu: out of memory allocating backward accumulators");
+  dq_acc.zero();
+  dk_acc.zero();
+  dv_acc.zero();
+
+  // D_i = rowsum(dO * O) and the saved LSE, per (head, global row).
+  const auto* out = static_cast<const typename S::type*>(p.out);
+  const auto* dout = static_cast<const typename S::type*>(p.dout);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t r = 0; r < p.len_q(b); ++r) {
+        const auto* o = out + p.offset(p.out_layout, b, r, h);
+        const auto* g = dout + p.offset(p.dout_layout, b, r, h);
+        float acc = 0.f;
+        for (int c = 0; c < dm.dv; ++c) acc += S::load(o[c]) * S::load(g[c]);
+        D.data()[h * tq + qrow(b, r)] = acc;
+        lse.data()[h * tq + qrow(b, r)] = p.lse[p.offset(p.lse_layout, b, r, h)];
+      }
+  }
+
+  const int64_t ntasks = p.batch * H * chunks;
+  bool alloc_failed = false;
+#pragma omp parallel num_threads(nthreads)
+  {
+    FloatBuffer q(size_t(dm.bq) * dm.dp), g(size_t(dm.bq) * dm.dvp), kt(size_t(dm.dp) * dm.bk),
+        kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
+        pt(size_t(dm.bk) * dm.bq), dst(size_t(dm.bk) * dm.bq), dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp),
+        dq(size_t(dm.bq) * dm.dp);
+    const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() &&
+                    pt.data() && dst.data() && dk.data() && dv.data() && dq.data();
+    if (!ok) {
+#pragma omp atomic write
+      alloc_failed = true;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; ++task) {
+      if (!ok) continue;
+      const int64_t b = task / (H * chunks), h = (task / chunks) % H, chunk = task % chunks;
+      const int64_t hk = h / group, lq = p.len_q(b), lk = p.len_k(b);
+      const int64_t nkb = (lk + dm.bk - 1) / dm.bk;
+      const int64_t kb_begin = nkb * chunk / chunks, kb_end = nkb * (chunk + 1) / chunks;
+      float* dq_part = dq_acc.data() + (chunk * H + h) * tq * dm.dp;
+      for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
+        const int64_t j0 = kb * dm.bk;
+        const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
+        load_tile_t<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, dm.bk, kt.data());
+        load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, kn.data());
+        load_tile_t<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, dm.bk, vt.data());
+        dk.zero();
+        dv.zero();
+        for (int64_t i0 = 0; i0 < lq; i0 += dm.bq) {
+          const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
+          const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk);
+          const detail::KeyRange last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
+          if (first.lo >= j0 + cols || last.hi <= j0) continue;  // no row of this block sees this key block
+          load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, q.data());
+          load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, g.data());
+          gemm<false>(dm.bq, dm.bk, dm.dp, q.data(), dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
+          gemm<false>(dm.bq, dm.bk, dm.dvp, g.data(), dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
+          for (int r = 0; r < dm.bq; ++r) {
+            float* sr = s.data() + int64_t(r) * dm.bk;  // becomes P
+            float* dr = dp.data() + int64_t(r) * dm.bk; // becomes dS (raw-score gradient)
+            if (r >= rows) {
+              std::fill(sr, sr + dm.bk, 0.f);
+              std::fill(dr, dr + dm.bk, 0.f);
+              continue;
+            }
+            const int64_t row = qrow(b, i0 + r);
+            RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
+            logits_row(t, j0, dm.bk, sr);
+            const float lse_r = lse.data()[h * tq + row], d_r = D.data()[h * tq + row];
+            const float inv_cap = t.softcap > 0.f ? 1.f / t.softcap : 0.f;
+            for (int c = 0; c < dm.bk; ++c) {
+              // Fully masked rows (lse = -inf) have P = 0, not exp(-inf + inf).
+              const float pr = lse_r == kNegInf ? 0.f : exp_nonpositive(sr[c] - lse_r);
+              // d logit / d raw score: scale, times the softcap derivative 1 - tanh^2 (the capped value is
+              // the logit plus the ALiBi bias, so recover it before the bias is subtracted).
+              float dcap = 1.f;
+              if (t.softcap > 0.f && pr != 0.f) {
+                float dist = float(t.diag - (j0 + c));
+                float capped = (sr[c] + t.slope * (dist < 0.f ? -dist : dist)) * inv_cap;
+                dcap = 1.f - capped * capped;
+              }
+              // Masked keys (pr == 0) get dS = 0 exactly; a NaN pr still propagates.
+              dr[c] = pr != 0.f ? pr * (dr[c] - d_r) * dcap * t.scale : 0.f;
+              sr[c] = pr;
+            }
+          }
+          for (int r = 0; r < dm.bq; ++r)
+            for (int c = 0; c < dm.bk; ++c) {
+              pt.data()[int64_t(c) * dm.bq + r] = s.data()[int64_t(r) * dm.bk + c];
+              dst.data()[int64_t(c) * dm.bq + r] = dp.data()[int64_t(r) * dm.bk + c];
+            }
+          gemm<true>(dm.bk, dm.dvp, dm.bq, pt.data(), dm.bq, g.data(), dm.dvp, dv.data(), dm.dvp);
+          gemm<true>(dm.bk, dm.dp, dm.bq, dst.data(), dm.bq, q.data(), dm.dp, dk.data(), dm.dp);
+          gemm<false>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq.data(), dm.dp);
+          for (int r = 0; r < rows; ++r) {
+            float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
+            const float* src = dq.data() + int64_t(r) * dm.dp;
+            for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
+          }
+        }
+        for (int c = 0; c < cols; ++c) {
+          const int64_t row = krow(b, j0 + c);
+          std::copy(dk.data() + int64_t(c) * dm.dp, dk.data() + int64_t(c + 1) * dm.dp,
+                    dk_acc.data() + (h * tk + row) * dm.dp);
+          std::copy(dv.data() + int64_t(c) * dm.dvp, dv.data() + int64_t(c + 1) * dm.dvp,
+                    dv_acc.data() + (h * tk + row) * dm.dvp);
+        }
+      }
+    }
+  }
+  if (alloc_failed) return detail::backend_error("cpu: out of memory allocating per-thread tiles");
+
+  // Sum dQ over chunks and dK/dV over each GQA group, in a fixed order; convert to storage.
+  auto* dqo = static_cast<typename S::type*>(p.dq);
+  auto* dko = static_cast<typename S::type*>(p.dk);
+  auto* dvo = static_cast<typename S::type*>(p.dv);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t r = 0; r < p.len_q(b); ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        auto* dst = dqo + p.offset(p.dq_layout, b, r, h);
+        for (int c = 0; c < dm.d; ++c) {
+          float acc = 0.f;
+          for (int64_t ch = 0; ch < chunks; ++ch) acc += dq_acc.data()[((ch * H + h) * tq + qrow(b, r)) * dm.dp + c];
+          dst[c] = S::store(acc);
+        }
+      }
+    // Keys beyond seqused_k get zero gradients: no query saw them.
+    const int64_t rows_k = p.varlen ? p.host_cu_k[b + 1] - p.host_cu_k[b] : p.seqlen_k;
+    for (int64_t r = 0; r < rows_k; ++r)
+      for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+        auto* dkd = dko + p.offset(p.dk_layout, b, r, hk);
+        auto* dvd = dvo + p.offset(p.dv_layout, b, r, hk);
+        const bool used = r < p.len_k(b);
+        for (int c = 0; c < dm.d; ++c) {
+          float acc = 0.f;
+          for (int64_t h = hk * group; used && h < (hk + 1) * group; ++h) acc += dk_acc.data()[(h * tk + krow(b, r)) * dm.dp + c];
+          dkd[c] = S::store(acc);
+        }
+        for (int c = 0; c < dm.dv; ++c) {
+          float acc = 0.f;
+          for (int64_t h = hk * group; used && h < (hk + 1) * group; ++h) acc += dv_acc.data()[(h * tk + krow(b, r)) * dm.dvp + c];
+          dvd[c] = S::store(acc);
+        }
+      }
+  }
+  return detail::ok();
+}
+
+}  // namespace
+
+Error forward(const Problem& p, int threads) {
+  switch (p.dtype) {
+    case FA_FLOAT32: return forward_impl<FA_FLOAT32>(p, threads);
+    case FA_FLOAT16: return forward_impl<FA_FLOAT16>(p, threads);
+    case FA_BFLOAT16: return forward_impl<FA_BFLOAT16>(p, threads);
+    default: return detail::unsupported("cpu: unsupported dtype");
+  }
+}
+
+Error backward(const Problem& p, int threads) {
+  switch (p.dtype) {
+    case FA_FLOAT32: return backward_impl<FA_FLOAT32>(p, threads);
+    case FA_FLOAT16: return backward_impl<FA_FLOAT16>(p, threads);
+    case FA_BFLOAT16: return backward_impl<FA_BFLOAT16>(p, threads);
+    default: return detail::unsupported("cpu: unsupported dtype");
+  }
+}
+
+}  // namespace flashattn::cpu::FA_CPU_ISA

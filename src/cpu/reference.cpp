@@ -1,0 +1,176 @@
+#include "cpu/reference.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "cpu/numeric.hpp"
+
+namespace flashattn::reference {
+
+using detail::Problem;
+
+double load(const Problem& p, const void* base, const detail::RowLayout& l, int64_t b, int64_t r, int64_t h,
+            int64_t c) {
+  const int64_t off = p.offset(l, b, r, h) + c;
+  switch (p.dtype) {
+    case FA_FLOAT32: return static_cast<const float*>(base)[off];
+    case FA_FLOAT16: return cpu::fp16_to_float(static_cast<const uint16_t*>(base)[off]);
+    case FA_BFLOAT16: return cpu::bf16_to_float(static_cast<const uint16_t*>(base)[off]);
+    default: return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+double round_storage(fa_dtype t, double x) {
+  switch (t) {
+    case FA_FLOAT16: return cpu::round_to<FA_FLOAT16>(float(x));
+    case FA_BFLOAT16: return cpu::round_to<FA_BFLOAT16>(float(x));
+    default: return double(float(x));
+  }
+}
+
+struct Rounder {
+  fa_dtype t;
+  bool on;
+  double operator()(double x) const { return on ? round_storage(t, x) : x; }
+};
+
+int64_t global_q(const Problem& p, int64_t b, int64_t r) { return p.varlen ? p.host_cu_q[b] + r : b * p.seqlen_q + r; }
+int64_t global_k(const Problem& p, int64_t b, int64_t r) { return p.varlen ? p.host_cu_k[b] + r : b * p.seqlen_k + r; }
+
+// Logits of row i against every key (masked: -inf); `capped` receives softcap's tanh values.
+void logits(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, int64_t i, std::vector<double>* s,
+            std::vector<double>* tanh_vals) {
+  const int64_t lq = p.len_q(b), lk = p.len_k(b), hk = h / p.group();
+  const detail::KeyRange kr = detail::visible_keys(p, i, lq, lk);
+  const int64_t diag = i + detail::mask_offset(p, lq, lk);
+  const double slope = p.alibi_slope(b, h);
+  s->assign(size_t(lk), kNegInf);
+  tanh_vals->assign(size_t(lk), 0.0);
+  for (int64_t j = 0; j < lk; ++j) {
+    double dot = 0;
+    for (int64_t c = 0; c < p.head_dim; ++c)
+      dot += load(p, p.q, p.q_layout, b, i, h, c) * load(p, p.k, p.k_layout, b, j, hk, c);
+    double x = rnd(rnd(dot) * p.scale);
+    if (p.softcap > 0) {
+      (*tanh_vals)[j] = std::tanh(x / p.softcap);
+      x = rnd(p.softcap * (*tanh_vals)[j]);
+    }
+    x -= slope * std::fabs(double(diag - j));
+    if (j >= kr.lo && j < kr.hi) (*s)[j] = x;
+  }
+}
+
+// Softmax of one row in place; returns the LSE (-inf when nothing is visible, the row then all 0).
+double softmax(std::vector<double>* s) {
+  double m = kNegInf;
+  bool nan = false;
+  for (double x : *s) {
+    nan |= std::isnan(x);
+    m = std::max(m, x);
+  }
+  if (nan) {
+    for (double& x : *s) x = std::numeric_limits<double>::quiet_NaN();
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  if (m == kNegInf) {
+    for (double& x : *s) x = 0;
+    return kNegInf;
+  }
+  double l = 0;
+  for (double& x : *s) {
+    x = std::exp(x - m);
+    l += x;
+  }
+  for (double& x : *s) x /= l;
+  return m + std::log(l);
+}
+
+}  // namespace
+
+void forward_row(const Problem& p, Rounding rounding, int64_t b, int64_t h, int64_t i, double* out_row, double* lse) {
+  const Rounder rnd{p.dtype, rounding == Rounding::kStorage};
+  std::vector<double> s, th;
+  logits(p, rnd, b, h, i, &s, &th);
+  *lse = softmax(&s);
+  const int64_t hk = h / p.group();
+  for (int64_t c = 0; c < p.head_dim_v; ++c) {
+    double acc = 0;
+    for (size_t j = 0; j < s.size(); ++j) acc += rnd(s[j]) * load(p, p.v, p.v_layout, b, int64_t(j), hk, c);
+    out_row[c] = rnd(acc);
+  }
+}
+
+void forward(const Problem& p, Rounding rounding, Forward* r) {
+  const int64_t rows = p.total_q, dv = p.head_dim_v;
+  r->out.assign(size_t(p.heads_q * rows * dv), 0.0);
+  r->lse.assign(size_t(p.heads_q * rows), 0.0);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.len_q(b); ++i) {
+        const int64_t g = global_q(p, b, i);
+        forward_row(p, rounding, b, h, i, &r->out[size_t((h * rows + g) * dv)], &r->lse[size_t(h * rows + g)]);
+      }
+}
+
+namespace {
+
+// Gradients of one query row: accumulates into dq_row (always) and dk/dv (when given).
+void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, int64_t i, double* dq_row,
+                  Grads* g) {
+  const int64_t hk = h / p.group(), d = p.head_dim, dv = p.head_dim_v;
+  std::vector<double> s, th;
+  logits(p, rnd, b, h, i, &s, &th);
+  softmax(&s);
+  for (double& x : s) x = rnd(x);
+  const size_t n = s.size();
+  std::vector<double> dP(n);
+  double D = 0;
+  for (size_t j = 0; j < n; ++j) {
+    double acc = 0;
+    for (int64_t c = 0; c < dv; ++c)
+      acc += load(p, p.dout, p.dout_layout, b, i, h, c) * load(p, p.v, p.v_layout, b, int64_t(j), hk, c);
+    dP[j] = rnd(acc);
+    D += s[j] * dP[j];
+  }
+  for (int64_t c = 0; c < d; ++c) dq_row[c] = 0;
+  for (size_t j = 0; j < n; ++j) {
+    if (s[j] == 0) continue;  // masked or underflowed: no gradient (keeps -inf logits out of the sums)
+    double dcap = p.softcap > 0 ? 1 - th[j] * th[j] : 1;
+    double ds = rnd(s[j] * (dP[j] - D) * dcap * p.scale);
+    for (int64_t c = 0; c < d; ++c) dq_row[c] += ds * load(p, p.k, p.k_layout, b, int64_t(j), hk, c);
+    if (g) {
+      const int64_t gk = global_k(p, b, int64_t(j));
+      double* dk = &g->dk[size_t((hk * p.total_k + gk) * d)];
+      double* dvr = &g->dv[size_t((hk * p.total_k + gk) * dv)];
+      for (int64_t c = 0; c < d; ++c) dk[c] += ds * load(p, p.q, p.q_layout, b, i, h, c);
+      for (int64_t c = 0; c < dv; ++c) dvr[c] += s[j] * load(p, p.dout, p.dout_layout, b, i, h, c);
+    }
+  }
+}
+
+}  // namespace
+
+void backward_dq_row(const Problem& p, int64_t b, int64_t h, int64_t i, double* dq_row) {
+  backward_row(p, Rounder{p.dtype, false}, b, h, i, dq_row, nullptr);
+}
+
+void backward(const Problem& p, Rounding rounding, Grads* g) {
+  const Rounder rnd{p.dtype, rounding == Rounding::kStorage};
+  const int64_t d = p.head_dim, dv = p.head_dim_v;
+  g->dq.assign(size_t(p.heads_q * p.total_q * d), 0.0);
+  g->dk.assign(size_t(p.heads_kv * p.total_k * d), 0.0);
+  g->dv.assign(size_t(p.heads_kv * p.total_k * dv), 0.0);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.len_q(b); ++i)
+        backward_row(p, rnd, b, h, i, &g->dq[size_t((h * p.total_q + global_q(p, b, i)) * d)], g);
+  for (double& x : g->dq) x = rnd(x);
+  for (double& x : g->dk) x = rnd(x);
+  for (double& x : g->dv) x = rnd(x);
+}
+
+}  // namespace flashattn::reference

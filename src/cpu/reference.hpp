@@ -1,0 +1,38 @@
+// Naive attention in float64 that materialises the scores: the ground truth for tests and `--check`.
+// With Rounding::kStorage it becomes "a plain low-precision implementation" (scores, probabilities and
+// outputs rounded to the storage dtype, as an unfused framework computes them), whose error against the
+// exact reference sets the tolerance (the FlashAttention convention: ours <= 2x that error).
+#pragma once
+
+#include <vector>
+
+#include "core/problem.hpp"
+
+namespace flashattn::reference {
+
+enum class Rounding { kExact, kStorage };
+
+// Rows are global: batched b * seqlen_q + r, varlen cu_seqlens_q[b] + r (keys likewise).
+struct Forward {
+  std::vector<double> out;  // [heads_q][rows_q][head_dim_v]
+  std::vector<double> lse;  // [heads_q][rows_q]
+};
+struct Grads {
+  std::vector<double> dq;  // [heads_q][rows_q][head_dim]
+  std::vector<double> dk;  // [heads_kv][rows_k][head_dim]
+  std::vector<double> dv;  // [heads_kv][rows_k][head_dim_v]
+};
+
+void forward(const detail::Problem& p, Rounding rounding, Forward* result);
+// One query row (for sampled checks of large problems).
+void forward_row(const detail::Problem& p, Rounding rounding, int64_t b, int64_t h, int64_t i, double* out_row,
+                 double* lse);
+void backward(const detail::Problem& p, Rounding rounding, Grads* result);
+// dQ of one query row, exact.
+void backward_dq_row(const detail::Problem& p, int64_t b, int64_t h, int64_t i, double* dq_row);
+
+// Reads element (b, r, h, c) of a tensor of the problem as double.
+double load(const detail::Problem& p, const void* base, const detail::RowLayout& l, int64_t b, int64_t r, int64_t h,
+            int64_t c);
+
+}  // namespace flashattn::reference

@@ -1,0 +1,79 @@
+// Register-blocked fp32 tile products for the CPU backend: C[M][N] (+)= A[M][K] * B[K][N], all row-major
+// scratch tiles with N a multiple of the vector width. GCC vector extensions lower to AVX-512, AVX2 or SSE
+// depending on the flags of the translation unit that includes this (kernels.cpp is built once per ISA).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#ifndef FA_CPU_VEC_BYTES
+#define FA_CPU_VEC_BYTES 16
+#endif
+
+namespace flashattn::cpu {
+
+constexpr int kVecFloats = FA_CPU_VEC_BYTES / 4;
+// Accumulators kept in registers: kRows x kMaxVecs vectors. 32 vector registers on AVX-512 hold 4x4 plus
+// operands; 16 on AVX2/SSE hold 4x2.
+constexpr int kRows = 4;
+constexpr int kMaxVecs = FA_CPU_VEC_BYTES == 64 ? 4 : 2;
+
+typedef float vfloat __attribute__((vector_size(FA_CPU_VEC_BYTES)));
+typedef float vfloat_u __attribute__((vector_size(FA_CPU_VEC_BYTES), aligned(4)));
+
+inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
+inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
+inline vfloat vbroadcast(float x) { return vfloat{} + x; }
+
+template <int NV, bool kAccumulate>
+inline __attribute__((always_inline)) void micro_tile(const float* __restrict A, int64_t lda,
+                                                      const float* __restrict B, int64_t ldb, int K,
+                                                      float* __restrict C, int64_t ldc) {
+  vfloat acc[kRows][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = kAccumulate ? vload(C + r * ldc + v * kVecFloats) : vfloat{};
+  for (int k = 0; k < K; ++k) {
+    vfloat b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * kVecFloats);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      vfloat a = vbroadcast(A[r * lda + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * kVecFloats, acc[r][v]);
+}
+
+// M a multiple of kRows, N a multiple of kVecFloats.
+template <bool kAccumulate>
+inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                 int64_t ldc) {
+  for (int m = 0; m < M; m += kRows) {
+    for (int n = 0; n < N; n += kMaxVecs * kVecFloats) {
+      int nv = (N - n) / kVecFloats;
+      const float* a = A + m * lda;
+      const float* b = B + n;
+      float* c = C + m * ldc + n;
+      if (nv >= kMaxVecs) {
+        micro_tile<kMaxVecs, kAccumulate>(a, lda, b, ldb, K, c, ldc);
+      } else if constexpr (kMaxVecs == 4) {
+        if (nv == 3) micro_tile<3, kAccumulate>(a, lda, b, ldb, K, c, ldc);
+        else if (nv == 2) micro_tile<2, kAccumulate>(a, lda, b, ldb, K, c, ldc);
+        else micro_tile<1, kAccumulate>(a, lda, b, ldb, K, c, ldc);
+      } else {
+        micro_tile<1, kAccumulate>(a, lda, b, ldb, K, c, ldc);
+      }
+    }
+  }
+}
+
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+}  // namespace flashattn::cpu
