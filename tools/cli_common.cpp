@@ -1,0 +1,361 @@
+#include "cli_common.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "core/problem.hpp"
+#include "cpu/numeric.hpp"
+#include "cpu/reference.hpp"
+
+#ifdef FLASHATTN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace flashattn::cli {
+
+std::string Shape::describe() const {
+  std::ostringstream s;
+  s << "B=" << batch << " Sq=" << seqlen_q << " Sk=" << seqlen_k << " H=" << heads;
+  if (hkv() != heads) s << " Hkv=" << hkv();
+  s << " D=" << head_dim;
+  if (dv() != head_dim) s << " Dv=" << dv();
+  s << " " << dtype_name(dtype);
+  if (causal) s << (top_left ? " causal(top-left)" : " causal");
+  if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
+  if (softcap > 0) s << " softcap=" << softcap;
+  if (alibi) s << " alibi";
+  return s.str();
+}
+
+double forward_flops(const Shape& s) {
+  // Count the (query, key) pairs the mask keeps, so causal and windows are credited only with real work.
+  double pairs = 0;
+  const int64_t off = s.top_left ? 0 : s.seqlen_k - s.seqlen_q;
+  const int64_t right = s.causal ? 0 : s.window_right;
+  if (!s.causal && s.window_left < 0 && s.window_right < 0) {
+    pairs = double(s.seqlen_q) * double(s.seqlen_k);
+  } else if (s.causal && s.window_left < 0) {
+    pairs = double(s.seqlen_q) * double(s.seqlen_k) / 2;  // the convention peers report causal FLOPs by
+  } else {
+    for (int64_t i = 0; i < s.seqlen_q; ++i) {
+      int64_t lo = s.window_left >= 0 ? std::max<int64_t>(0, i + off - s.window_left) : 0;
+      int64_t hi = right >= 0 ? std::min<int64_t>(s.seqlen_k, i + off + right + 1) : s.seqlen_k;
+      pairs += double(std::max<int64_t>(0, hi - lo));
+    }
+  }
+  return 2.0 * double(s.batch * s.heads) * pairs * double(s.head_dim + s.dv());
+}
+
+IoPicture io_picture(const Shape& s, int block_q, int block_k) {
+  const double e = double(dtype_size(s.dtype));
+  const double bh = double(s.batch * s.heads);
+  const double qkvo = bh * (double(s.seqlen_q) * (s.head_dim + s.dv())) +
+                      double(s.batch * s.hkv()) * double(s.seqlen_k) * (s.head_dim + s.dv());
+  IoPicture io;
+  // Standard: S = QK^T written, read by softmax, P written, read by PV: four N^2 passes.
+  io.standard_bytes = e * (qkvo + 4.0 * bh * double(s.seqlen_q) * double(s.seqlen_k));
+  // Fused: Q read and O written once; each query block streams the K/V blocks its mask reaches; LSE out.
+  double kv_blocks = 0;
+  if (block_q > 0 && block_k > 0) {
+    const int64_t off = s.top_left ? 0 : s.seqlen_k - s.seqlen_q;
+    const int64_t right = s.causal ? 0 : s.window_right;
+    for (int64_t i0 = 0; i0 < s.seqlen_q; i0 += block_q) {
+      int64_t i1 = std::min<int64_t>(s.seqlen_q, i0 + block_q) - 1;
+      int64_t lo = s.window_left >= 0 ? std::max<int64_t>(0, i0 + off - s.window_left) : 0;
+      int64_t hi = right >= 0 ? std::min<int64_t>(s.seqlen_k, i1 + off + right + 1) : s.seqlen_k;
+      if (hi > lo) kv_blocks += double(std::min<int64_t>(s.seqlen_k, (hi + block_k - 1) / block_k * block_k) - lo / block_k * block_k);
+    }
+  }
+  io.fused_bytes = e * (bh * double(s.seqlen_q) * (s.head_dim + s.dv()) + bh * kv_blocks * (s.head_dim + s.dv())) +
+                   4.0 * bh * double(s.seqlen_q);
+  return io;
+}
+
+std::string human_bytes(double b) {
+  const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (b >= 1000 && u < 4) {
+    b /= 1000;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", b, unit[u]);
+  return buf;
+}
+
+namespace {
+
+// A buffer on the device the run uses, with host staging for inputs and checks.
+class Buffer {
+ public:
+  Buffer(size_t bytes, bool cuda) : bytes_(bytes), cuda_(cuda) {
+#ifdef FLASHATTN_WITH_CUDA
+    if (cuda_) {
+      if (cudaMalloc(&ptr_, bytes_ ? bytes_ : 1) != cudaSuccess) ptr_ = nullptr;
+      return;
+    }
+#endif
+    host_.resize(bytes_ ? bytes_ : 1);
+    ptr_ = host_.data();
+  }
+  ~Buffer() {
+#ifdef FLASHATTN_WITH_CUDA
+    if (cuda_ && ptr_) cudaFree(ptr_);
+#endif
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* data() const { return ptr_; }
+  void upload(const std::vector<uint8_t>& h) {
+#ifdef FLASHATTN_WITH_CUDA
+    if (cuda_) {
+      cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice);
+      return;
+    }
+#endif
+    std::memcpy(ptr_, h.data(), bytes_);
+  }
+  std::vector<uint8_t> download() const {
+    std::vector<uint8_t> h(bytes_);
+#ifdef FLASHATTN_WITH_CUDA
+    if (cuda_) {
+      cudaMemcpy(h.data(), ptr_, bytes_, cudaMemcpyDeviceToHost);
+      return h;
+    }
+#endif
+    std::memcpy(h.data(), ptr_, bytes_);
+    return h;
+  }
+
+ private:
+  size_t bytes_;
+  bool cuda_;
+  void* ptr_ = nullptr;
+  std::vector<uint8_t> host_;
+};
+
+// splitmix64 + Box-Muller: fast, reproducible N(0, 1) samples.
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (double(next() >> 11) + 0.5) * 0x1p-53; }
+  double normal() {
+    const double two_pi = 2.0 * std::acos(-1.0);
+    return std::sqrt(-2.0 * std::log(uniform())) * std::cos(two_pi * uniform());
+  }
+};
+
+std::vector<uint8_t> random_tensor(size_t n, fa_dtype t, Rng& rng) {
+  std::vector<uint8_t> h(n * dtype_size(t));
+  for (size_t i = 0; i < n; ++i) {
+    float x = float(rng.normal());
+    if (t == FA_FLOAT32) {
+      std::memcpy(&h[i * 4], &x, 4);
+    } else {
+      uint16_t v = t == FA_BFLOAT16 ? cpu::float_to_bf16(x) : cpu::float_to_fp16(x);
+      std::memcpy(&h[i * 2], &v, 2);
+    }
+  }
+  return h;
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median time of fn over warmup + timed repetitions; CUDA work is synchronised before each clock read.
+template <class F>
+double time_median(F&& fn, bool cuda, const Options& o, bool* ok) {
+  auto sync = [&] {
+#ifdef FLASHATTN_WITH_CUDA
+    if (cuda) cudaDeviceSynchronize();
+#endif
+  };
+  for (int i = 0; i < o.warmup; ++i) *ok = *ok && fn();
+  sync();
+  std::vector<double> times;
+  const double budget_ms = cuda ? 300 : 1500;
+  const int max_iters = o.iters > 0 ? o.iters : (cuda ? 100 : 5);
+  double total = 0;
+  while (*ok && int(times.size()) < max_iters && (o.iters > 0 || total < budget_ms || times.empty())) {
+    double t0 = now_ms();
+    *ok = fn();
+    sync();
+    times.push_back(now_ms() - t0);
+    total += times.back();
+  }
+  if (times.empty()) return 0;
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+RunResult run_attention(const Shape& s, const Options& o) {
+  RunResult r;
+  const bool cuda = o.backend == FA_BACKEND_CUDA_SM80 || o.backend == FA_BACKEND_CUDA_SM90 ||
+                    (o.backend == FA_BACKEND_AUTO && fa_cuda_available());
+  const fa_device dev = cuda ? FA_DEVICE_CUDA : FA_DEVICE_CPU;
+  const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, H = s.heads, Hk = s.hkv(), D = s.head_dim,
+                Dv = s.dv();
+  const size_t e = dtype_size(s.dtype);
+  const size_t nq = size_t(B * Sq * H * D), nk = size_t(B * Sk * Hk * D), nv = size_t(B * Sk * Hk * Dv),
+               no = size_t(B * Sq * H * Dv), nl = size_t(B * H * Sq);
+  Rng rng{o.seed};
+  std::vector<uint8_t> hq = random_tensor(nq, s.dtype, rng), hk = random_tensor(nk, s.dtype, rng),
+                       hv = random_tensor(nv, s.dtype, rng), hdo = random_tensor(no, s.dtype, rng);
+  std::vector<float> slopes(static_cast<size_t>(H));
+  for (int64_t h = 0; h < H; ++h) slopes[size_t(h)] = float(std::pow(2.0, -8.0 * double(h + 1) / double(H)));
+  std::vector<uint8_t> hslopes(slopes.size() * 4);
+  std::memcpy(hslopes.data(), slopes.data(), hslopes.size());
+
+  Buffer q(nq * e, cuda), k(nk * e, cuda), v(nv * e, cuda), out(no * e, cuda), lse(nl * 4, cuda), dout(no * e, cuda),
+      dq(nq * e, cuda), dk(nk * e, cuda), dv(nv * e, cuda), alibi(hslopes.size(), cuda);
+  for (Buffer* b : {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv, &alibi})
+    if (!b->data()) {
+      r.error = "out of memory allocating the problem's tensors";
+      return r;
+    }
+  q.upload(hq);
+  k.upload(hk);
+  v.upload(hv);
+  dout.upload(hdo);
+  alibi.upload(hslopes);
+  // Poison the outputs: a row the kernel forgets to write stays NaN and fails the check.
+  out.upload(std::vector<uint8_t>(no * e, 0xff));
+  lse.upload(std::vector<uint8_t>(nl * 4, 0xff));
+
+  auto describe = [&](fa_attention* a) {
+    *a = fa_attention_default();
+    a->q = make_tensor(q.data(), s.dtype, {B, Sq, H, D}, dev);
+    a->k = make_tensor(k.data(), s.dtype, {B, Sk, Hk, D}, dev);
+    a->v = make_tensor(v.data(), s.dtype, {B, Sk, Hk, Dv}, dev);
+    a->causal = s.causal;
+    a->causal_alignment = s.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+    a->window_left = s.window_left;
+    a->window_right = s.window_right;
+    a->softcap = s.softcap;
+    if (s.alibi) a->alibi_slopes = make_tensor(alibi.data(), FA_FLOAT32, {H}, dev);
+  };
+  FwdParams fp = make_fwd_params();
+  describe(&fp.attn);
+  fp.out = make_tensor(out.data(), s.dtype, {B, Sq, H, Dv}, dev);
+  fp.lse = make_tensor(lse.data(), FA_FLOAT32, {B, H, Sq}, dev);
+  BwdParams bp = make_bwd_params();
+  describe(&bp.attn);
+  bp.out = fp.out;
+  bp.lse = fp.lse;
+  bp.dout = make_tensor(dout.data(), s.dtype, {B, Sq, H, Dv}, dev);
+  bp.dq = make_tensor(dq.data(), s.dtype, {B, Sq, H, D}, dev);
+  bp.dk = make_tensor(dk.data(), s.dtype, {B, Sk, Hk, D}, dev);
+  bp.dv = make_tensor(dv.data(), s.dtype, {B, Sk, Hk, Dv}, dev);
+  fa_exec ex = fa_exec_default();
+  ex.backend = o.backend;
+  ex.num_threads = o.threads;
+
+  r.backend = fa_backend_name(&fp, &ex);
+  fa_forward_tile_shape(&fp, &ex, &r.block_q, &r.block_k);
+  bool ok = true;
+  std::string err;
+  auto fwd = [&] {
+    Status st = forward(fp, ex);
+    if (!st.ok()) err = st.message;
+    return st.ok();
+  };
+  auto bwd = [&] {
+    Status st = backward(bp, ex);
+    if (!st.ok()) err = st.message;
+    return st.ok();
+  };
+  const double flops = forward_flops(s);
+  r.fwd_ms = time_median(fwd, cuda, o, &ok);
+  if (ok) r.fwd_tflops = flops / (r.fwd_ms * 1e9);
+  if (ok && o.backward) {
+    r.bwd_ms = time_median(bwd, cuda, o, &ok);
+    if (ok) r.bwd_tflops = 2.5 * flops / (r.bwd_ms * 1e9);
+  }
+  if (!ok) {
+    r.error = err;
+    return r;
+  }
+  r.ok = true;
+  if (!o.check) return r;
+
+  // Check sampled rows against the float64 reference, on host copies.
+  std::vector<uint8_t> ho = out.download(), hl = lse.download(), hdq = o.backward ? dq.download() : std::vector<uint8_t>();
+  FwdParams hp = make_fwd_params();
+  BwdParams hbp = make_bwd_params();
+  {
+    hp.attn = fp.attn;
+    hp.attn.q.data = hq.data();
+    hp.attn.k.data = hk.data();
+    hp.attn.v.data = hv.data();
+    hp.attn.alibi_slopes.data = s.alibi ? hslopes.data() : nullptr;
+    for (fa_tensor* t : {&hp.attn.q, &hp.attn.k, &hp.attn.v, &hp.attn.alibi_slopes}) t->device = FA_DEVICE_CPU;
+    hp.out = fp.out;
+    hp.out.data = ho.data();
+    hp.out.device = FA_DEVICE_CPU;
+    hp.lse = fp.lse;
+    hp.lse.data = hl.data();
+    hp.lse.device = FA_DEVICE_CPU;
+    hbp.attn = hp.attn;
+    hbp.out = hp.out;
+    hbp.lse = hp.lse;
+    hbp.dout = bp.dout;
+    hbp.dout.data = hdo.data();
+    hbp.dq = bp.dq;
+    hbp.dq.data = o.backward ? hdq.data() : hq.data();
+    hbp.dk = hbp.attn.k;
+    hbp.dv = hbp.attn.v;
+    for (fa_tensor* t : {&hbp.dout, &hbp.dq}) t->device = FA_DEVICE_CPU;
+  }
+  detail::Problem p;
+  const detail::Requirements host_req{0, 1, true, "reference"};
+  detail::Error ve = detail::validate(hbp.attn, hbp.out, hbp.lse, &hbp.dout, &hbp.dq, &hbp.dk, &hbp.dv,
+                                      detail::Direction::kBackward, host_req, nullptr, nullptr, nullptr, &p);
+  if (!ve.ok()) {
+    r.error = "check: " + ve.message;
+    r.ok = false;
+    return r;
+  }
+  reference::Comparison cmp(s.dtype), cmp_dq(s.dtype);
+  Rng pick{o.seed + 1};
+  const int kSamples = 48;
+  std::vector<double> exact(size_t(std::max(Dv, D))), plain(exact.size());
+  for (int n = 0; n < kSamples; ++n) {
+    // Always the first and last query rows (mask edges), the rest at random.
+    int64_t b = int64_t(pick.next() % uint64_t(B)), h = int64_t(pick.next() % uint64_t(H));
+    int64_t i = n == 0 ? 0 : n == 1 ? Sq - 1 : int64_t(pick.next() % uint64_t(Sq));
+    double lse_exact, lse_plain;
+    reference::forward_row(p, reference::Rounding::kExact, b, h, i, exact.data(), &lse_exact);
+    reference::forward_row(p, reference::Rounding::kStorage, b, h, i, plain.data(), &lse_plain);
+    for (int64_t c = 0; c < Dv; ++c)
+      cmp.add(reference::load(p, p.out, p.out_layout, b, i, h, c), exact[size_t(c)], plain[size_t(c)]);
+    if (o.backward) {
+      reference::backward_dq_row(p, reference::Rounding::kExact, b, h, i, exact.data());
+      reference::backward_dq_row(p, reference::Rounding::kStorage, b, h, i, plain.data());
+      for (int64_t c = 0; c < D; ++c)
+        cmp_dq.add(reference::load(p, p.dq, p.dq_layout, b, i, h, c), exact[size_t(c)], plain[size_t(c)]);
+    }
+  }
+  r.max_err = cmp.max_err();
+  r.mean_err = cmp.mean_err();
+  r.tol = cmp.tolerance();
+  r.check_passed = cmp.passed();
+  if (o.backward) {
+    r.dq_max_err = cmp_dq.max_err();
+    r.dq_tol = cmp_dq.tolerance();
+    r.check_passed = r.check_passed && cmp_dq.passed();
+  }
+  return r;
+}
+
+}  // namespace flashattn::cli

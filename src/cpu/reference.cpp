@@ -1,6 +1,8 @@
 #include "cpu/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "cpu/numeric.hpp"
@@ -18,6 +20,51 @@ double load(const Problem& p, const void* base, const detail::RowLayout& l, int6
     case FA_BFLOAT16: return cpu::bf16_to_float(static_cast<const uint16_t*>(base)[off]);
     default: return std::numeric_limits<double>::quiet_NaN();
   }
+}
+
+namespace {
+
+double abs_diff(double a, double b) {
+  if (std::isinf(a) && std::isinf(b) && (a > 0) == (b > 0)) return 0;
+  return std::fabs(a - b);
+}
+
+// Relative spacing of the storage format near 1 (one ulp).
+double storage_eps(fa_dtype t) {
+  switch (t) {
+    case FA_BFLOAT16: return 0x1p-7;
+    case FA_FLOAT16: return 0x1p-10;
+    // fp32 output: the floor covers fp32 accumulation over long rows, far below any real defect.
+    default: return 1e-6;
+  }
+}
+
+}  // namespace
+
+void Comparison::add(double ours, double exact, double plain) {
+  if (std::isnan(exact)) {  // NaN inputs: the reference says NaN, ours must too
+    nan_ |= !std::isnan(ours);
+    return;
+  }
+  if (std::isnan(ours)) {
+    nan_ = true;
+    return;
+  }
+  const double e = abs_diff(ours, exact);
+  max_err_ = std::max(max_err_, e);
+  sum_err_ += e;
+  ++count_;
+  plain_max_err_ = std::max(plain_max_err_, abs_diff(plain, exact));
+  if (std::isfinite(exact)) ref_max_abs_ = std::max(ref_max_abs_, std::fabs(exact));
+}
+
+double Comparison::tolerance() const { return 2 * plain_max_err_ + storage_eps(dtype_) * std::max(1.0, ref_max_abs_); }
+
+std::string Comparison::summary() const {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "max_err %.3e mean_err %.3e tol %.3e (plain %.3e)%s", max_err_, mean_err(),
+                tolerance(), plain_max_err_, nan_ ? " NaN!" : "");
+  return buf;
 }
 
 namespace {
@@ -154,8 +201,10 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
 
 }  // namespace
 
-void backward_dq_row(const Problem& p, int64_t b, int64_t h, int64_t i, double* dq_row) {
-  backward_row(p, Rounder{p.dtype, false}, b, h, i, dq_row, nullptr);
+void backward_dq_row(const Problem& p, Rounding rounding, int64_t b, int64_t h, int64_t i, double* dq_row) {
+  const Rounder rnd{p.dtype, rounding == Rounding::kStorage};
+  backward_row(p, rnd, b, h, i, dq_row, nullptr);
+  for (int64_t c = 0; c < p.head_dim; ++c) dq_row[c] = rnd(dq_row[c]);
 }
 
 void backward(const Problem& p, Rounding rounding, Grads* g) {

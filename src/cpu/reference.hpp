@@ -4,6 +4,7 @@
 // exact reference sets the tolerance (the FlashAttention convention: ours <= 2x that error).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "core/problem.hpp"
@@ -28,8 +29,31 @@ void forward(const detail::Problem& p, Rounding rounding, Forward* result);
 void forward_row(const detail::Problem& p, Rounding rounding, int64_t b, int64_t h, int64_t i, double* out_row,
                  double* lse);
 void backward(const detail::Problem& p, Rounding rounding, Grads* result);
-// dQ of one query row, exact.
-void backward_dq_row(const detail::Problem& p, int64_t b, int64_t h, int64_t i, double* dq_row);
+// dQ of one query row.
+void backward_dq_row(const detail::Problem& p, Rounding rounding, int64_t b, int64_t h, int64_t i, double* dq_row);
+
+// Accumulates the FlashAttention acceptance rule over many elements: max |ours - exact| must be at most
+// 2x max |plain - exact| (plain = Rounding::kStorage) plus a floor of one storage ulp at the largest
+// reference magnitude; any NaN where the reference is finite fails. Equal infinities (fully masked rows'
+// -inf LSE) count as exact.
+class Comparison {
+ public:
+  explicit Comparison(fa_dtype dtype) : dtype_(dtype) {}
+  void add(double ours, double exact, double plain);
+  double max_err() const { return max_err_; }
+  double mean_err() const { return count_ ? sum_err_ / double(count_) : 0.0; }
+  double plain_max_err() const { return plain_max_err_; }
+  double tolerance() const;
+  bool nan_seen() const { return nan_; }
+  bool passed() const { return !nan_ && max_err_ <= tolerance(); }
+  std::string summary() const;
+
+ private:
+  fa_dtype dtype_;
+  double max_err_ = 0, sum_err_ = 0, plain_max_err_ = 0, ref_max_abs_ = 0;
+  int64_t count_ = 0;
+  bool nan_ = false;
+};
 
 // Reads element (b, r, h, c) of a tensor of the problem as double.
 double load(const detail::Problem& p, const void* base, const detail::RowLayout& l, int64_t b, int64_t r, int64_t h,

@@ -1,0 +1,199 @@
+// Tiled CPU forward vs the float64 reference on odd shapes, every mask and feature.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "attention_case.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+void expect_forward_matches(const Case& c) {
+  SCOPED_TRACE(c.name());
+  Problem pr(c);
+  Status st = pr.run_forward();
+  ASSERT_TRUE(st.ok()) << st.message;
+  Accuracy acc = pr.check_forward();
+  EXPECT_TRUE(acc.out.passed()) << "out: " << acc.out.summary();
+  if (c.lse) EXPECT_TRUE(acc.lse.passed()) << "lse: " << acc.lse.summary();
+}
+
+Case shape(int64_t sq, int64_t sk) {
+  Case c;
+  c.seqlen_q = sq;
+  c.seqlen_k = sk;
+  return c;
+}
+
+class OddShapes : public ::testing::TestWithParam<std::tuple<std::pair<int64_t, int64_t>, int>> {};
+
+TEST_P(OddShapes, MatchesReference) {
+  auto [lens, mask] = GetParam();
+  Case c = shape(lens.first, lens.second);
+  c.causal = mask != 0;
+  c.top_left = mask == 2;
+  expect_forward_matches(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seqlens, OddShapes,
+                         ::testing::Combine(::testing::Values(std::make_pair(1, 1), std::make_pair(17, 17),
+                                                              std::make_pair(239, 1), std::make_pair(1, 239),
+                                                              std::make_pair(113, 203), std::make_pair(203, 113),
+                                                              std::make_pair(1023, 1024)),
+                                            ::testing::Values(0, 1, 2)));
+
+class HeadDims : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(HeadDims, MatchesReference) {
+  for (bool causal : {false, true}) {
+    Case c = shape(77, 130);
+    c.head_dim = GetParam().first;
+    c.head_dim_v = GetParam().second;
+    c.causal = causal;
+    expect_forward_matches(c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, HeadDims,
+                         ::testing::Values(std::make_pair(8, 8), std::make_pair(16, 16), std::make_pair(40, 40),
+                                           std::make_pair(64, 64), std::make_pair(72, 72), std::make_pair(80, 80),
+                                           std::make_pair(96, 96), std::make_pair(128, 128),
+                                           std::make_pair(192, 192), std::make_pair(256, 256),
+                                           std::make_pair(128, 64), std::make_pair(64, 128),
+                                           std::make_pair(192, 128), std::make_pair(32, 256)));
+
+TEST(CpuForward, DtypesAndThreads) {
+  for (fa_dtype t : {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16})
+    for (int threads : {1, 2}) {
+      Case c = shape(150, 311);
+      c.dtype = t;
+      c.threads = threads;
+      c.causal = true;
+      expect_forward_matches(c);
+    }
+}
+
+TEST(CpuForward, GroupedQueryAttention) {
+  for (auto [hq, hkv] : {std::pair<int, int>{8, 1}, {6, 2}, {4, 1}, {4, 4}}) {
+    Case c = shape(97, 161);
+    c.heads_q = hq;
+    c.heads_kv = hkv;
+    c.causal = true;
+    expect_forward_matches(c);
+  }
+}
+
+TEST(CpuForward, Windows) {
+  for (auto [l, r] : {std::pair<int, int>{16, 0}, {8, 8}, {0, 0}, {-1, 5}, {32, -1}, {100, 3}})
+    for (auto lens : {std::pair<int, int>{130, 130}, {70, 200}, {200, 70}}) {
+      Case c = shape(lens.first, lens.second);
+      c.window_left = l;
+      c.window_right = r;
+      expect_forward_matches(c);
+      c.top_left = true;
+      expect_forward_matches(c);
+    }
+  Case c = shape(150, 150);
+  c.causal = true;
+  c.window_left = 40;
+  expect_forward_matches(c);
+}
+
+TEST(CpuForward, SoftcapAndAlibi) {
+  Case c = shape(120, 190);
+  c.softcap = 2.f;  // small cap: tanh is far from linear on these logits
+  expect_forward_matches(c);
+  c.softcap = 0.f;
+  c.alibi = true;
+  expect_forward_matches(c);
+  c.causal = true;
+  expect_forward_matches(c);
+  c.softcap = 5.f;
+  c.window_left = 50;
+  c.top_left = true;
+  expect_forward_matches(c);
+}
+
+TEST(CpuForward, Varlen) {
+  for (bool causal : {false, true}) {
+    Case c;
+    c.varlen_q = {177, 3, 64, 1};
+    c.varlen_k = {845, 2, 64, 300};
+    c.heads_q = 3;
+    c.heads_kv = 1;
+    c.causal = causal;
+    expect_forward_matches(c);
+    c.seqused_k = {700, 1, 0, 299};
+    expect_forward_matches(c);
+  }
+}
+
+TEST(CpuForward, BatchedSequsedAndStrides) {
+  Case c = shape(65, 140);
+  c.batch = 3;
+  c.seqused_k = {140, 17, 0};
+  c.head_pad = 8;
+  c.causal = true;
+  expect_forward_matches(c);
+  c.lse = false;
+  expect_forward_matches(c);
+}
+
+TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfLse) {
+  // Top-left window (0, 0) with more queries than keys: rows >= seqlen_k see nothing.
+  Case c = shape(40, 10);
+  c.top_left = true;
+  c.window_left = 0;
+  c.window_right = 0;
+  Problem pr(c);
+  ASSERT_TRUE(pr.run_forward().ok());
+  const detail::Problem p = pr.view();
+  for (int64_t h = 0; h < p.heads_q; ++h)
+    for (int64_t i = 0; i < p.seqlen_q; ++i) {
+      const float lse = p.lse[p.offset(p.lse_layout, 0, i, h)];
+      if (i < 10) {
+        EXPECT_TRUE(std::isfinite(lse)) << i;
+      } else {
+        EXPECT_EQ(lse, -INFINITY) << i;
+        for (int64_t x = 0; x < p.head_dim_v; ++x) EXPECT_EQ(reference::load(p, p.out, p.out_layout, 0, i, h, x), 0.0);
+      }
+    }
+  expect_forward_matches(c);
+}
+
+TEST(CpuForward, NanInputPropagatesToItsRowOnly) {
+  Case c = shape(70, 90);
+  c.dtype = FA_FLOAT32;
+  Problem pr(c);
+  const float nan = std::nanf("");
+  std::memcpy(pr.q.data() + size_t(5 * c.heads_q * c.head_dim) * 4, &nan, 4);  // row 5, head 0, element 0
+  ASSERT_TRUE(pr.run_forward().ok());
+  const detail::Problem p = pr.view();
+  for (int64_t i = 0; i < c.seqlen_q; ++i) {
+    const double o = reference::load(p, p.out, p.out_layout, 0, i, 0, 0);
+    if (i == 5) {
+      EXPECT_TRUE(std::isnan(o));
+      EXPECT_TRUE(std::isnan(p.lse[p.offset(p.lse_layout, 0, i, 0)]));
+    } else {
+      EXPECT_TRUE(std::isfinite(o)) << i;
+    }
+  }
+  EXPECT_TRUE(std::isfinite(reference::load(p, p.out, p.out_layout, 0, 5, 1, 0)));  // other head untouched
+}
+
+TEST(CpuForward, ThreadCountDoesNotChangeBits) {
+  Case c = shape(300, 300);
+  c.causal = true;
+  c.threads = 1;
+  Problem a(c);
+  ASSERT_TRUE(a.run_forward().ok());
+  Case c2 = c;
+  c2.threads = 2;
+  Problem b(c2);
+  ASSERT_TRUE(b.run_forward().ok());
+  EXPECT_EQ(a.out, b.out);
+}
+
+}  // namespace
+}  // namespace flashattn::testing
