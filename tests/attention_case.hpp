@@ -52,7 +52,7 @@ class Problem {
   Accuracy check_forward() const;
   Accuracy check_backward() const;
 
-  const Case& c;
+  const Case c;
   std::vector<uint8_t> q, k, v, out, dout, dq, dk, dv;
   std::vector<float> lse, alibi;
   std::vector<int32_t> cu_q, cu_k, used_k;

@@ -52,9 +52,12 @@ bool known_dtype(fa_dtype t) { return t == FA_FLOAT32 || t == FA_FLOAT16 || t ==
 // Structural checks common to every tensor argument: present, rank, dtype known, device, strides.
 Error check_tensor(const char* name, const fa_tensor& t, int ndim, const fa_tensor& ref_device,
                    bool unit_last, const Requirements& req) {
-  if (t.data == nullptr) return invalid(name, "null data pointer");
   if (t.ndim != ndim)
     return invalid(name, "must have " + std::to_string(ndim) + " dimensions (got " + std::to_string(t.ndim) + ")");
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; ++i) numel *= t.shape[i];
+  // Empty tensors may come without storage (frameworks hand out null pointers for them).
+  if (t.data == nullptr && numel != 0) return invalid(name, "null data pointer");
   if (!known_dtype(t.dtype)) return invalid(name, "unknown dtype code " + std::to_string(int(t.dtype)));
   if (t.device != ref_device.device || t.device_index != ref_device.device_index)
     return invalid(name, "must be on the same device as q");
@@ -151,7 +154,6 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   const int nd = varlen ? 3 : 4;
   const int hd = nd - 2;  // index of the heads dimension
 
-  if (a.q.data == nullptr) return invalid("q", "null data pointer");
   if (Error e = check_tensor("q", a.q, nd, a.q, true, req); !e.ok()) return e;
   if (a.q.dtype != FA_FLOAT32 && a.q.dtype != FA_FLOAT16 && a.q.dtype != FA_BFLOAT16)
     return invalid("q", std::string("dtype must be float32, float16 or bfloat16 (got ") + dtype_str(a.q.dtype) + ")");

@@ -1,0 +1,178 @@
+// Tiled CPU backward vs the float64 reference (and central finite differences on tiny shapes).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "attention_case.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+void expect_backward_matches(const Case& c) {
+  SCOPED_TRACE(c.name());
+  Problem pr(c);
+  Status st = pr.run_forward();
+  ASSERT_TRUE(st.ok()) << st.message;
+  st = pr.run_backward();
+  ASSERT_TRUE(st.ok()) << st.message;
+  Accuracy acc = pr.check_backward();
+  EXPECT_TRUE(acc.dq.passed()) << "dq: " << acc.dq.summary();
+  EXPECT_TRUE(acc.dk.passed()) << "dk: " << acc.dk.summary();
+  EXPECT_TRUE(acc.dv.passed()) << "dv: " << acc.dv.summary();
+}
+
+Case shape(int64_t sq, int64_t sk) {
+  Case c;
+  c.seqlen_q = sq;
+  c.seqlen_k = sk;
+  return c;
+}
+
+class BwdShapes : public ::testing::TestWithParam<std::tuple<std::pair<int64_t, int64_t>, int>> {};
+
+TEST_P(BwdShapes, MatchesReference) {
+  auto [lens, mask] = GetParam();
+  Case c = shape(lens.first, lens.second);
+  c.causal = mask != 0;
+  c.top_left = mask == 2;
+  expect_backward_matches(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seqlens, BwdShapes,
+                         ::testing::Combine(::testing::Values(std::make_pair(1, 1), std::make_pair(17, 17),
+                                                              std::make_pair(239, 1), std::make_pair(113, 203),
+                                                              std::make_pair(203, 113), std::make_pair(255, 256)),
+                                            ::testing::Values(0, 1, 2)));
+
+TEST(CpuBackward, HeadDimsAndDtypes) {
+  for (auto [d, dv] : {std::pair<int, int>{8, 8}, {72, 72}, {96, 96}, {128, 64}, {192, 128}, {256, 256}}) {
+    Case c = shape(70, 90);
+    c.head_dim = d;
+    c.head_dim_v = dv;
+    c.causal = true;
+    expect_backward_matches(c);
+  }
+  for (fa_dtype t : {FA_FLOAT32, FA_FLOAT16}) {
+    Case c = shape(100, 130);
+    c.dtype = t;
+    expect_backward_matches(c);
+  }
+}
+
+TEST(CpuBackward, GqaWindowsSoftcapAlibi) {
+  for (auto [hq, hkv] : {std::pair<int, int>{8, 1}, {6, 2}}) {
+    Case c = shape(80, 120);
+    c.heads_q = hq;
+    c.heads_kv = hkv;
+    c.causal = true;
+    expect_backward_matches(c);
+  }
+  Case w = shape(150, 150);
+  w.window_left = 20;
+  w.window_right = 7;
+  expect_backward_matches(w);
+  w.top_left = true;
+  w.softcap = 2.f;
+  expect_backward_matches(w);
+  Case a = shape(90, 140);
+  a.alibi = true;
+  a.causal = true;
+  expect_backward_matches(a);
+}
+
+TEST(CpuBackward, VarlenSequsedStrides) {
+  Case c;
+  c.varlen_q = {177, 3, 1, 40};
+  c.varlen_k = {245, 2, 5, 40};
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.causal = true;
+  expect_backward_matches(c);
+  c.seqused_k = {200, 2, 0, 17};
+  expect_backward_matches(c);
+  Case s = shape(70, 70);
+  s.head_pad = 8;
+  s.batch = 2;
+  expect_backward_matches(s);
+}
+
+TEST(CpuBackward, FullyMaskedRowsHaveZeroGradient) {
+  Case c = shape(40, 10);
+  c.top_left = true;
+  c.window_left = 0;
+  c.window_right = 0;
+  expect_backward_matches(c);
+}
+
+TEST(CpuBackward, DeterministicRunToRun) {
+  Case c = shape(200, 260);
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.causal = true;
+  Problem a(c), b(c);
+  ASSERT_TRUE(a.run_forward().ok());
+  ASSERT_TRUE(a.run_backward().ok());
+  ASSERT_TRUE(b.run_forward().ok());
+  ASSERT_TRUE(b.run_backward().ok());
+  EXPECT_EQ(a.dq, b.dq);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+}
+
+// dL/dx for L = <dout, out> by central differences of the float64 reference, on fp32 storage: the
+// perturbed inputs are stored in fp32, and the difference quotient divides by the stored difference.
+TEST(CpuBackward, MatchesFiniteDifferences) {
+  for (int variant = 0; variant < 3; ++variant) {
+    Case c = shape(5, 7);
+    c.dtype = FA_FLOAT32;
+    c.head_dim = 8;
+    c.heads_q = 2;
+    c.heads_kv = 1;
+    c.causal = variant == 1;
+    c.softcap = variant == 2 ? 1.5f : 0.f;
+    c.alibi = variant == 2;
+    c.window_left = variant == 2 ? 3 : -1;
+    SCOPED_TRACE(c.name());
+    Problem pr(c);
+    ASSERT_TRUE(pr.run_forward().ok());
+    ASSERT_TRUE(pr.run_backward().ok());
+    auto loss = [&]() {
+      detail::Problem p = pr.view();
+      reference::Forward f;
+      reference::forward(p, reference::Rounding::kExact, &f);
+      double l = 0;
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t i = 0; i < p.seqlen_q; ++i)
+          for (int64_t x = 0; x < p.head_dim_v; ++x)
+            l += f.out[size_t((h * p.total_q + i) * p.head_dim_v + x)] *
+                 reference::load(p, p.dout, p.dout_layout, 0, i, h, x);
+      return l;
+    };
+    const float step = 1e-2f;
+    double max_abs = 0, max_err = 0;
+    for (auto [input, grad] : {std::pair{&pr.q, &pr.dq}, {&pr.k, &pr.dk}, {&pr.v, &pr.dv}}) {
+      const size_t n = input->size() / 4;
+      for (size_t idx = 0; idx < n; ++idx) {
+        float* x = reinterpret_cast<float*>(input->data()) + idx;
+        const float orig = *x;
+        *x = orig + step;
+        const float up = *x;
+        const double lu = loss();
+        *x = orig - step;
+        const float down = *x;
+        const double ld = loss();
+        *x = orig;
+        const double fd = (lu - ld) / (double(up) - double(down));
+        const double ours = reinterpret_cast<const float*>(grad->data())[idx];
+        max_abs = std::max(max_abs, std::fabs(fd));
+        max_err = std::max(max_err, std::fabs(fd - ours));
+      }
+    }
+    // Central differences are O(step^2) accurate: 1e-4 scale, far above fp32 rounding of the kernel.
+    EXPECT_LT(max_err, 1e-3 * std::max(1.0, max_abs)) << "max |fd - ours| " << max_err << " of max |fd| " << max_abs;
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::testing

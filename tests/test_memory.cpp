@@ -1,0 +1,43 @@
+// Extra memory of forward + backward stays O(N): at seqlen 32k an N x N fp32 score matrix would be 4 GiB.
+// Its own executable, so the process's peak RSS measures this test alone.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include "attention_case.hpp"
+#include "cpu/tiles.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+size_t fwd_bwd_peak_scratch(int64_t seqlen) {
+  Case c;
+  c.seqlen_q = c.seqlen_k = seqlen;
+  c.heads_q = c.heads_kv = 1;
+  c.head_dim = 64;
+  c.causal = true;
+  Problem pr(c);
+  cpu::reset_peak_scratch_bytes();
+  EXPECT_TRUE(pr.run_forward().ok());
+  EXPECT_TRUE(pr.run_backward().ok());
+  return cpu::peak_scratch_bytes();
+}
+
+TEST(Memory, ForwardBackwardExtraMemoryIsLinear) {
+  const size_t at16k = fwd_bwd_peak_scratch(16384);
+  const size_t at32k = fwd_bwd_peak_scratch(32768);
+  const double n2_bytes = 32768.0 * 32768.0 * 4;
+  std::printf("peak scratch: 16k %.1f MB, 32k %.1f MB (an N^2 fp32 matrix at 32k: %.0f MB)\n", at16k / 1e6,
+              at32k / 1e6, n2_bytes / 1e6);
+  // Doubling N at most doubles the scratch (plus per-thread tiles); quadratic growth would be 4x.
+  EXPECT_LE(double(at32k), 2.2 * double(at16k));
+  EXPECT_LT(double(at32k), n2_bytes / 64);
+  // The whole process, inputs and gradients included (8 tensors of 4 MB), stays far below one N^2 matrix.
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const double rss_bytes = double(ru.ru_maxrss) * 1024;
+  std::printf("peak RSS: %.1f MB\n", rss_bytes / 1e6);
+  EXPECT_LT(rss_bytes, n2_bytes / 8);
+}
+
+}  // namespace
+}  // namespace flashattn::testing
