@@ -20,10 +20,6 @@
 #include "cpu/tile_gemm.hpp"
 #include "cpu/tiles.hpp"
 
-#ifndef FA_CPU_ISA
-#define FA_CPU_ISA baseline
-#endif
-
 namespace flashattn::cpu::FA_CPU_ISA {
 
 using detail::Error;
@@ -131,6 +127,39 @@ inline float row_max(const float* s, int n, float m) {
 
 int thread_count(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
 
+// Logits of a key tile against a query tile held transposed, St[key][query] (queries along the vector
+// lanes): scale, softcap, ALiBi and the mask, all branch-free per vector.
+struct TileMask {
+  float scale, softcap, slope;
+  bool mask;         // some (key, query) pair of the tile is outside the window
+  float off;         // mask offset: query i's diagonal key is i + off
+  float left, right; // window sides, or a huge value when unbounded
+  float len_k;       // keys at or past this are padding
+};
+
+inline void logits_tile_t(const TileMask& t, int64_t i0, int64_t j0, int bq, int bk, float* st) {
+  vfloat iota;
+  for (int l = 0; l < kVecFloats; ++l) iota[l] = float(l);
+  const float inv_cap = t.softcap > 0.f ? 1.f / t.softcap : 0.f;
+  for (int c = 0; c < bk; ++c) {
+    const float j = float(j0 + c);
+    for (int v = 0; v < bq; v += kVecFloats) {
+      vfloat x = vload(st + int64_t(c) * bq + v) * t.scale;
+      if (t.softcap > 0.f) x = t.softcap * vtanh(x * inv_cap);
+      const vfloat diag = iota + float(i0 + v) + t.off;
+      if (t.slope != 0.f) {
+        vfloat dist = diag - j;
+        x -= t.slope * (dist < 0.f ? -dist : dist);
+      }
+      if (t.mask) {
+        // Visible: diag - left <= j <= diag + right, and j a real key.
+        x = (j >= diag - t.left && j <= diag + t.right && j < t.len_k) ? x : vbroadcast(kNegInf);
+      }
+      vstore(st + int64_t(c) * bq + v, x);
+    }
+  }
+}
+
 template <fa_dtype T>
 Error forward_impl(const Problem& p, int threads) {
   const Dims dm = dims_of(p);
@@ -140,13 +169,18 @@ Error forward_impl(const Problem& p, int threads) {
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t i0 = 0; i0 < p.len_q(b); i0 += dm.bq) blocks.push_back({b, i0});
   const int64_t ntasks = int64_t(blocks.size()) * p.heads_q;
+  // Unbounded window sides as a distance no sequence reaches (exact in float for lengths < 2^24).
+  constexpr float kUnbounded = 3.0e7f;
   bool alloc_failed = false;
 
 #pragma omp parallel num_threads(thread_count(threads))
   {
-    FloatBuffer q(size_t(dm.bq) * dm.dp), kt(size_t(dm.dp) * dm.bk), v(size_t(dm.bk) * dm.dvp);
-    FloatBuffer s(size_t(dm.bq) * dm.bk), o(size_t(dm.bq) * dm.dvp), m(dm.bq), l(dm.bq);
-    const bool ok = q.data() && kt.data() && v.data() && s.data() && o.data() && m.data() && l.data();
+    // The query tile is held transposed (queries along vector lanes) so that the scores come out as
+    // St[key][query]: the online softmax then runs down columns with plain vector ops and no horizontal
+    // reductions, and K and V are read in their natural row layout.
+    FloatBuffer qt(size_t(dm.dp) * dm.bq), k(size_t(dm.bk) * dm.dp), v(size_t(dm.bk) * dm.dvp);
+    FloatBuffer st(size_t(dm.bk) * dm.bq), o(size_t(dm.bq) * dm.dvp), m(dm.bq), l(dm.bq), alpha(dm.bq);
+    const bool ok = qt.data() && k.data() && v.data() && st.data() && o.data() && m.data() && l.data() && alpha.data();
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -159,50 +193,64 @@ Error forward_impl(const Problem& p, int threads) {
       const int64_t h = task % p.heads_q, hk = h / group;
       const int64_t lq = p.len_q(b), lk = p.len_k(b);
       const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
-      load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, q.data());
+      load_tile_t<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, dm.bq, qt.data());
       o.zero();
       std::fill(m.data(), m.data() + dm.bq, kNegInf);
       std::fill(l.data(), l.data() + dm.bq, 0.f);
       const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk);
       const detail::KeyRange last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
+      TileMask tm;
+      tm.scale = p.scale;
+      tm.softcap = p.softcap;
+      tm.slope = p.alibi_slope(b, h);
+      tm.off = float(detail::mask_offset(p, lq, lk));
+      tm.left = p.window_left >= 0 ? float(p.window_left) : kUnbounded;
+      tm.right = p.window_right >= 0 ? float(p.window_right) : kUnbounded;
+      tm.len_k = float(lk);
       for (int64_t j0 = first.lo / dm.bk * dm.bk; j0 < last.hi; j0 += dm.bk) {
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
-        load_tile_t<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, dm.bk, kt.data());
+        load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
         load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
-        gemm<false>(dm.bq, dm.bk, dm.dp, q.data(), dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
-        for (int r = 0; r < dm.bq; ++r) {
-          float* sr = s.data() + int64_t(r) * dm.bk;
-          if (r >= rows) {
-            std::fill(sr, sr + dm.bk, 0.f);
-            continue;
-          }
-          RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
-          logits_row(t, j0, dm.bk, sr);
-          const float m_new = row_max(sr, dm.bk, m.data()[r]);
-          if (m_new == kNegInf) {  // nothing visible yet in this row
-            std::fill(sr, sr + dm.bk, 0.f);
-            continue;
-          }
-          const float alpha = exp_nonpositive(m.data()[r] - m_new);
-          float sum = 0.f;
+        gemm<false>(dm.bk, dm.bq, dm.dp, k.data(), dm.dp, qt.data(), dm.bq, st.data(), dm.bq);
+        // The mask can be skipped when every real query sees every key of a full tile: window starts
+        // grow with the query index (the last query's start bounds them all), ends likewise (the first's).
+        tm.mask = !(cols == dm.bk && last.lo <= j0 && first.hi >= j0 + dm.bk);
+        logits_tile_t(tm, i0, j0, dm.bq, dm.bk, st.data());
+        for (int q = 0; q < dm.bq; q += kVecFloats) {
+          // NaN-propagating running max: once a NaN is seen it stays, and the row's output becomes NaN.
+          vfloat mx = vload(m.data() + q);
           for (int c = 0; c < dm.bk; ++c) {
-            sr[c] = exp_nonpositive(sr[c] - m_new);
-            sum += sr[c];
+            vfloat x = vload(st.data() + int64_t(c) * dm.bq + q);
+            mx = (x > mx || x != x) ? x : mx;
           }
-          l.data()[r] = l.data()[r] * alpha + sum;
-          m.data()[r] = m_new;
-          if (alpha != 1.f) {
+          // Rows that have seen no visible key keep m = -inf; subtracting 0 instead keeps exp(-inf) = 0.
+          const vfloat m_use = mx == kNegInf ? vfloat{} : mx;
+          const vfloat a = vexp_nonpositive(vload(m.data() + q) - m_use);
+          vfloat sum{};
+          for (int c = 0; c < dm.bk; ++c) {
+            float* sp = st.data() + int64_t(c) * dm.bq + q;
+            vfloat e = vexp_nonpositive(vload(sp) - m_use);
+            vstore(sp, e);
+            sum += e;
+          }
+          vstore(l.data() + q, vload(l.data() + q) * a + sum);
+          vstore(m.data() + q, mx);
+          vstore(alpha.data() + q, a);
+        }
+        for (int r = 0; r < rows; ++r) {
+          const float a = alpha.data()[r];
+          if (a != 1.f) {
             float* orow = o.data() + int64_t(r) * dm.dvp;
-            for (int c = 0; c < dm.dvp; ++c) orow[c] *= alpha;
+            for (int c = 0; c < dm.dvp; ++c) orow[c] *= a;
           }
         }
-        gemm<true>(dm.bq, dm.dvp, dm.bk, s.data(), dm.bk, v.data(), dm.dvp, o.data(), dm.dvp);
+        gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, v.data(), dm.dvp, o.data(), dm.dvp);
       }
       using S = Storage<T>;
       auto* out = static_cast<typename S::type*>(p.out);
       for (int r = 0; r < rows; ++r) {
         const float lr = l.data()[r], mr = m.data()[r];
-        // l == 0 only when no key was visible (m stays -inf): out = 0, lse = -inf. A NaN m keeps NaN.
+        // l == 0 only when no key was visible (m stays -inf): out = 0, lse = -inf. A NaN l keeps NaN.
         const float inv = lr > 0.f ? 1.f / lr : (lr == 0.f ? 0.f : lr);
         const float* orow = o.data() + int64_t(r) * dm.dvp;
         auto* dst = out + p.offset(p.out_layout, b, i0 + r, h);
@@ -264,10 +312,9 @@ Error backward_impl(const Problem& p, int threads) {
   {
     FloatBuffer q(size_t(dm.bq) * dm.dp), g(size_t(dm.bq) * dm.dvp), kt(size_t(dm.dp) * dm.bk),
         kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
-        pt(size_t(dm.bk) * dm.bq), dst(size_t(dm.bk) * dm.bq), dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp),
-        dq(size_t(dm.bq) * dm.dp);
+        dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp);
     const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() &&
-                    pt.data() && dst.data() && dk.data() && dv.data() && dq.data();
+                    dk.data() && dv.data() && dq.data();
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -326,13 +373,9 @@ Error backward_impl(const Problem& p, int threads) {
               sr[c] = pr;
             }
           }
-          for (int r = 0; r < dm.bq; ++r)
-            for (int c = 0; c < dm.bk; ++c) {
-              pt.data()[int64_t(c) * dm.bq + r] = s.data()[int64_t(r) * dm.bk + c];
-              dst.data()[int64_t(c) * dm.bq + r] = dp.data()[int64_t(r) * dm.bk + c];
-            }
-          gemm<true>(dm.bk, dm.dvp, dm.bq, pt.data(), dm.bq, g.data(), dm.dvp, dv.data(), dm.dvp);
-          gemm<true>(dm.bk, dm.dp, dm.bq, dst.data(), dm.bq, q.data(), dm.dp, dk.data(), dm.dp);
+          // dV += P^T dO and dK += dS^T Q read P and dS transposed in place (no transpose copies).
+          gemm<true, ALayout::kTransposed>(dm.bk, dm.dvp, dm.bq, s.data(), dm.bk, g.data(), dm.dvp, dv.data(), dm.dvp);
+          gemm<true, ALayout::kTransposed>(dm.bk, dm.dp, dm.bq, dp.data(), dm.bk, q.data(), dm.dp, dk.data(), dm.dp);
           gemm<false>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq.data(), dm.dp);
           for (int r = 0; r < rows; ++r) {
             float* acc = dq_part + qrow(b, i0 + r) * dm.dp;

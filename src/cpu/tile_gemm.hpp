@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <cstring>
 
-#ifndef FA_CPU_VEC_BYTES
-#define FA_CPU_VEC_BYTES 16
+#if !defined(FA_CPU_VEC_BYTES) || !defined(FA_CPU_ISA)
+#error "tile_gemm.hpp is included only by the per-ISA kernel builds (FA_CPU_ISA, FA_CPU_VEC_BYTES)"
 #endif
 
-namespace flashattn::cpu {
+// Everything here lives in the ISA's namespace: the same inline function compiled for different vector
+// widths must not be merged by the linker into one (it would silently pick the narrowest build).
+namespace flashattn::cpu::FA_CPU_ISA {
 
 constexpr int kVecFloats = FA_CPU_VEC_BYTES / 4;
 // Accumulators kept in registers: kRows x kMaxVecs vectors. 32 vector registers on AVX-512 hold 4x4 plus
@@ -25,7 +27,9 @@ inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
 inline vfloat vbroadcast(float x) { return vfloat{} + x; }
 
-template <int NV, bool kAccumulate>
+enum class ALayout { kRowMajor, kTransposed };  // A[m][k] at A[m*lda + k], or at A[k*lda + m]
+
+template <int NV, bool kAccumulate, ALayout kA>
 inline __attribute__((always_inline)) void micro_tile(const float* __restrict A, int64_t lda,
                                                       const float* __restrict B, int64_t ldb, int K,
                                                       float* __restrict C, int64_t ldc) {
@@ -40,7 +44,7 @@ inline __attribute__((always_inline)) void micro_tile(const float* __restrict A,
     for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * kVecFloats);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
-      vfloat a = vbroadcast(A[r * lda + k]);
+      vfloat a = vbroadcast(kA == ALayout::kRowMajor ? A[r * lda + k] : A[k * lda + r]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
     }
@@ -51,29 +55,58 @@ inline __attribute__((always_inline)) void micro_tile(const float* __restrict A,
     for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * kVecFloats, acc[r][v]);
 }
 
-// M a multiple of kRows, N a multiple of kVecFloats.
-template <bool kAccumulate>
+// C[M][N] (+)= A[M][K] * B[K][N]. M a multiple of kRows, N a multiple of kVecFloats.
+template <bool kAccumulate, ALayout kA = ALayout::kRowMajor>
 inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
                  int64_t ldc) {
   for (int m = 0; m < M; m += kRows) {
+    const float* a = kA == ALayout::kRowMajor ? A + m * lda : A + m;
     for (int n = 0; n < N; n += kMaxVecs * kVecFloats) {
-      int nv = (N - n) / kVecFloats;
-      const float* a = A + m * lda;
+      const int nv = (N - n) / kVecFloats;
       const float* b = B + n;
       float* c = C + m * ldc + n;
       if (nv >= kMaxVecs) {
-        micro_tile<kMaxVecs, kAccumulate>(a, lda, b, ldb, K, c, ldc);
+        micro_tile<kMaxVecs, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
       } else if constexpr (kMaxVecs == 4) {
-        if (nv == 3) micro_tile<3, kAccumulate>(a, lda, b, ldb, K, c, ldc);
-        else if (nv == 2) micro_tile<2, kAccumulate>(a, lda, b, ldb, K, c, ldc);
-        else micro_tile<1, kAccumulate>(a, lda, b, ldb, K, c, ldc);
+        if (nv == 3) micro_tile<3, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
+        else if (nv == 2) micro_tile<2, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
+        else micro_tile<1, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
       } else {
-        micro_tile<1, kAccumulate>(a, lda, b, ldb, K, c, ldc);
+        micro_tile<1, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
       }
     }
   }
 }
 
+// Vector forms of numeric.hpp's exp_nonpositive and tanh_fast (same constants, same results per lane).
+typedef int32_t vint __attribute__((vector_size(FA_CPU_VEC_BYTES)));
+
+inline vfloat vexp_nonpositive(vfloat x) {
+  const vfloat kMin = vbroadcast(-126.f), kRound = vbroadcast(12582912.f);
+  vfloat t = x * 1.44269504088896341f;
+  vfloat tc = t >= kMin ? t : kMin;
+  vfloat n = (tc + kRound) - kRound;
+  vfloat f = tc - n;
+  vfloat p = vbroadcast(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
+  vfloat r = p * reinterpret_cast<vfloat&>(bits);
+  r = t < kMin ? vfloat{} : r;
+  return x != x ? x : r;
+}
+
+inline vfloat vtanh(vfloat x) {
+  vfloat a = x < 0.f ? -x : x;
+  vfloat e = vexp_nonpositive(-2.f * a);
+  vfloat t = (1.f - e) / (1.f + e);
+  return x < 0.f ? -t : t;
+}
+
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-}  // namespace flashattn::cpu
+}  // namespace flashattn::cpu::FA_CPU_ISA
