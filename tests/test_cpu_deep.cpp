@@ -1,0 +1,82 @@
+// Deep tier: larger shapes and randomly drawn feature combinations (fixed seeds, so failures reproduce).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "attention_case.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+void check(const Case& c, bool bwd) {
+  SCOPED_TRACE(c.name());
+  Problem pr(c);
+  Status st = pr.run_forward();
+  ASSERT_TRUE(st.ok()) << st.message;
+  Accuracy f = pr.check_forward();
+  EXPECT_TRUE(f.out.passed()) << "out: " << f.out.summary();
+  if (c.lse) EXPECT_TRUE(f.lse.passed()) << "lse: " << f.lse.summary();
+  if (!bwd) return;
+  st = pr.run_backward();
+  ASSERT_TRUE(st.ok()) << st.message;
+  Accuracy g = pr.check_backward();
+  EXPECT_TRUE(g.dq.passed()) << "dq: " << g.dq.summary();
+  EXPECT_TRUE(g.dk.passed()) << "dk: " << g.dk.summary();
+  EXPECT_TRUE(g.dv.passed()) << "dv: " << g.dv.summary();
+}
+
+TEST(CpuDeep, LargeShapes) {
+  for (auto [sq, sk] : {std::pair<int, int>{1023, 1024}, {1024, 1023}, {2049, 777}}) {
+    Case c;
+    c.seqlen_q = sq;
+    c.seqlen_k = sk;
+    c.causal = true;
+    c.head_dim = 128;
+    check(c, true);
+  }
+  Case c;
+  c.seqlen_q = c.seqlen_k = 300;
+  c.head_dim = 256;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  check(c, true);
+}
+
+TEST(CpuDeep, RandomFeatureCombinations) {
+  std::mt19937 rng(20261130);
+  auto pick = [&](int n) { return int(rng() % unsigned(n)); };
+  for (int trial = 0; trial < 40; ++trial) {
+    Case c;
+    c.seed = uint64_t(trial) + 100;
+    const fa_dtype dtypes[] = {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16};
+    c.dtype = dtypes[pick(3)];
+    const int dims[] = {8, 24, 64, 72, 96, 128, 160, 256};
+    c.head_dim = dims[pick(8)];
+    c.head_dim_v = pick(3) == 0 ? dims[pick(8)] : 0;
+    const int groups[] = {1, 2, 3, 4};
+    c.heads_kv = 1 + pick(2);
+    c.heads_q = c.heads_kv * groups[pick(4)];
+    c.causal = pick(2) == 0;
+    c.top_left = pick(2) == 0;
+    if (pick(3) == 0) c.window_left = pick(80);
+    if (!c.causal && pick(3) == 0) c.window_right = pick(80);
+    if (pick(4) == 0) c.softcap = 1.f + float(pick(30));
+    c.alibi = pick(4) == 0;
+    c.head_pad = pick(3) == 0 ? 8 : 0;
+    if (pick(3) == 0) {
+      const int n = 1 + pick(4);
+      for (int b = 0; b < n; ++b) {
+        c.varlen_q.push_back(pick(200));
+        c.varlen_k.push_back(pick(260));
+      }
+    } else {
+      c.batch = 1 + pick(3);
+      c.seqlen_q = 1 + pick(260);
+      c.seqlen_k = 1 + pick(260);
+    }
+    check(c, true);
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::testing
