@@ -6,6 +6,8 @@
   are loaded, with torch, on first access, so ``import flashattn`` does not need torch.
 """
 
+import importlib
+
 from . import _C, ops
 
 __version__ = "0.1.0"
@@ -25,8 +27,8 @@ __all__ = ["ops", "__version__", *_TORCH_API]
 def __getattr__(name):
     # PEP 562: import the torch interface only when one of its functions is asked for.
     if name in _TORCH_API or name == "interface":
-        from . import interface
-
+        # import_module, not `from . import`: the latter looks the name up here first and would recurse.
+        interface = importlib.import_module(".interface", __name__)
         return interface if name == "interface" else getattr(interface, name)
     raise AttributeError(f"module 'flashattn' has no attribute {name!r}")
 

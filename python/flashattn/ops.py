@@ -67,13 +67,10 @@ def backend_name(q, backend="auto") -> str:
 
 def window_pair(window_size):
     """(left, right) from flash_attn's window_size; -1 is an unbounded side."""
-    try:
-        left, right = window_size
-        return int(left), int(right)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"window_size: must be a pair (left, right) of ints, -1 = unbounded (got {window_size!r})"
-        ) from None
+    # No try/except: torch.compile traces this on every call of the flash_attn functions.
+    if isinstance(window_size, (tuple, list)) and len(window_size) == 2:
+        return int(window_size[0]), int(window_size[1])
+    raise ValueError(f"window_size: must be a pair (left, right) of ints, -1 = unbounded (got {window_size!r})")
 
 
 def _is_numpy(a) -> bool:
