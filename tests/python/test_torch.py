@@ -26,6 +26,26 @@ from flashattn import (  # noqa: E402
 HAS_CUDA = torch.cuda.is_available() and ops.cuda_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of flashattn")
 
+
+def _cuda_backward_built():
+    """Whether the CUDA backend of this build implements the backward (the forward came first)."""
+    if not HAS_CUDA:
+        return False
+    x = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse = torch.ops.flashattn.fwd(x, x, x, None, None, None, 0, 0, None, False, False, -1, -1, 0.0, None,
+                                       0.0, False)
+    try:
+        torch.ops.flashattn.bwd(out, x, x, x, out, lse, None, None, None, 0, 0, None, False, False, -1, -1, 0.0,
+                                None, 0.0, False)
+    except NotImplementedError as e:
+        return "backward is not implemented" not in str(e)
+    return True
+
+
+HAS_CUDA_BACKWARD = _cuda_backward_built()
+requires_cuda_backward = pytest.mark.skipif(
+    not HAS_CUDA_BACKWARD, reason="needs a CUDA build whose backend implements the backward")
+
 # Floors of the tolerance per storage dtype (as fa_reference.STORAGE_EPS and the core's Comparison).
 STORAGE_EPS = {torch.float32: 1e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 
@@ -98,7 +118,7 @@ MASKS = {
 SHAPES = [(2, 17, 17, 4, 2, 64), (1, 33, 97, 2, 1, 128), (2, 1, 40, 2, 2, 32)]
 
 
-def check_autograd(device, dtype, shape, mask):
+def check_attention(device, dtype, shape, mask, backward=True):
     b, sq, sk, hq, hkv, d = shape
     q, k, v = make((b, sq, hq, d), dtype, device, 1), make((b, sk, hkv, d), dtype, device, 2), make((b, sk, hkv, d), dtype, device, 3)
     dout = make((b, sq, hq, d), dtype, device, 4, requires_grad=False)
@@ -106,14 +126,14 @@ def check_autograd(device, dtype, shape, mask):
     alibi = torch.rand(hq, device=device, dtype=torch.float32) * 0.5 + 0.1 if mask.pop("alibi", False) else None
     out, lse, probs = flash_attn_func(q, k, v, alibi_slopes=alibi, return_attn_probs=True, **mask)
     assert probs is None and lse.dtype == torch.float32 and lse.shape == (b, hq, sq)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    grads = torch.autograd.grad(out, (q, k, v), dout) if backward else ()
 
     ref_kw = dict(causal=mask.get("causal", False), top_left=mask.get("causal_alignment") == "top_left",
                   window=mask.get("window_size", (-1, -1)), softcap=mask.get("softcap", 0.0), alibi=alibi)
     results = {}
     for label, math_dtype in (("exact", torch.float64), ("plain", dtype)):
         o, l = math_attention(q, k, v, dtype=math_dtype, **ref_kw)
-        results[label] = (o, l) + torch.autograd.grad(o, (q, k, v), dout.to(math_dtype))
+        results[label] = (o, l) + (torch.autograd.grad(o, (q, k, v), dout.to(math_dtype)) if backward else ())
     names = ("out", "lse", "dq", "dk", "dv")
     for i, (name, got) in enumerate(zip(names, (out, lse) + grads)):
         assert_close(name, got, results["exact"][i], results["plain"][i], torch.float32 if name == "lse" else dtype)
@@ -122,20 +142,34 @@ def check_autograd(device, dtype, shape, mask):
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_autograd_cpu(shape, mask):
-    check_autograd("cpu", torch.float32, shape, MASKS[mask])
+    check_attention("cpu", torch.float32, shape, MASKS[mask])
 
 
 @requires_cuda
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_forward_cuda(dtype, shape, mask):
+    check_attention("cuda", dtype, shape, MASKS[mask], backward=False)
+
+
+@requires_cuda_backward
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_autograd_cuda(dtype, shape, mask):
-    check_autograd("cuda", dtype, shape, MASKS[mask])
+    check_attention("cuda", dtype, shape, MASKS[mask])
 
 
 def _devices_dtypes():
     return [pytest.param("cpu", torch.float32, id="cpu-float32"),
             pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=requires_cuda)]
+
+
+def can_backward(device):
+    """The gradient parts of the tests below run where the backend has a backward (the CUDA one came
+    later); test_autograd_cuda's skip reports when it has not."""
+    return device == "cpu" or HAS_CUDA_BACKWARD
 
 
 DEVICES_DTYPES = _devices_dtypes()
@@ -150,13 +184,14 @@ def test_non_contiguous_inputs(device, dtype):
     v = make((b, h, s, d), dtype, device, 7).transpose(1, 2)
     assert not q.is_contiguous() and k.stride(-1) == 2
     out = flash_attn_func(q, k, v, causal=True)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))  # expanded (stride 0) dout
     qc, kc, vc = (x.detach().contiguous().requires_grad_() for x in (q, k, v))
     out_c = flash_attn_func(qc, kc, vc, causal=True)
-    grads_c = torch.autograd.grad(out_c, (qc, kc, vc), torch.ones_like(out_c))
     assert torch.equal(out, out_c)
-    for a, c in zip((dq, dk, dv), grads_c):
-        assert torch.equal(a, c)
+    if can_backward(device):
+        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))  # expanded (stride 0) dout
+        grads_c = torch.autograd.grad(out_c, (qc, kc, vc), torch.ones_like(out_c))
+        for a, c in zip(grads, grads_c):
+            assert torch.equal(a, c)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
@@ -166,8 +201,9 @@ def test_packed_forms_equal_unpacked(device, dtype):
     out = flash_attn_qkvpacked_func(qkv, causal=True)
     ref = flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
     assert torch.equal(out, ref)
-    (g,) = torch.autograd.grad(out.sum(), qkv)
-    assert g.shape == qkv.shape and torch.isfinite(g).all() and g.abs().sum() > 0
+    if can_backward(device):
+        (g,) = torch.autograd.grad(out.sum(), qkv)
+        assert g.shape == qkv.shape and torch.isfinite(g).all() and g.abs().sum() > 0
     q = make((b, s, 2 * h, d), dtype, device, 9)
     kv = make((b, s + 5, 2, h, d), dtype, device, 10)
     assert torch.equal(flash_attn_kvpacked_func(q, kv), flash_attn_func(q, kv[:, :, 0], kv[:, :, 1]))
@@ -191,17 +227,21 @@ def test_varlen_matches_per_sequence(device, dtype, causal):
                                          return_attn_probs=True)
     assert lse.shape == (q.shape[1], q.shape[0])
     dout = make(out.shape, dtype, device, 14, requires_grad=False)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    backward = can_backward(device)
+    if backward:
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    # Per sequence, the same kernels see the same rows; only the accumulation order may differ.
     for b in range(len(lens_q)):
         sq, sk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         qb, kb, vb = (x.detach()[r][None].requires_grad_() for x, r in ((q, sq), (k, sk), (v, sk)))
         ob, lb, _ = flash_attn_func(qb, kb, vb, causal=causal, return_attn_probs=True)
-        gb = torch.autograd.grad(ob, (qb, kb, vb), dout[sq][None])
         exact = math_attention(qb, kb, vb, causal=causal)[0]
         tol = 4 * STORAGE_EPS[dtype] * max(1.0, exact.abs().max().item())
         assert max_err(out[sq], ob[0]) <= tol and max_err(lse[:, sq], lb[0]) <= 1e-5
-        for got, want in zip((dq[sq], dk[sk], dv[sk]), gb):
-            assert max_err(got, want[0]) <= 4 * STORAGE_EPS[dtype] * max(1.0, want.abs().max().item())
+        if backward:
+            gb = torch.autograd.grad(ob, (qb, kb, vb), dout[sq][None])
+            for got, want in zip((dq[sq], dk[sk], dv[sk]), gb):
+                assert max_err(got, want[0]) <= 4 * STORAGE_EPS[dtype] * max(1.0, want.abs().max().item())
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
@@ -229,21 +269,22 @@ def test_unsupported_arguments_raise():
         flash_attn_func(q, q, q, causal=True, causal_alignment="diagonal")
 
 
-def opcheck_args(device, dtype):
-    q, k, v = (make((2, 9, 2, 16), dtype, device, s) for s in (16, 17, 18))
+def opcheck_args(device, dtype, requires_grad):
+    q, k, v = (make((2, 9, 2, 16), dtype, device, s, requires_grad) for s in (16, 17, 18))
     return (q, k, v, None, None, None, 0, 0, None, True, False, -1, -1, 0.0, None, 0.0, False)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
 def test_opcheck(device, dtype):
     """torch.library.opcheck: schema, fake (meta) implementation, autograd registration, dispatch."""
-    args = opcheck_args(device, dtype)
+    args = opcheck_args(device, dtype, requires_grad=can_backward(device))
     torch.library.opcheck(torch.ops.flashattn.fwd.default, args)
     out, lse = torch.ops.flashattn.fwd(*args)
     dout = torch.randn_like(out)
     # The backward has no derivative of its own (no double backward), so it is checked without grads.
     q, k, v = (x.detach() for x in args[:3])
-    torch.library.opcheck(torch.ops.flashattn.bwd.default, (dout, q, k, v, out.detach(), lse.detach()) + args[3:])
+    if can_backward(device):
+        torch.library.opcheck(torch.ops.flashattn.bwd.default, (dout, q, k, v, out.detach(), lse.detach()) + args[3:])
 
 
 class TinyAttention(torch.nn.Module):
@@ -264,6 +305,21 @@ class TinyAttention(torch.nn.Module):
     pytest.param("cpu", torch.float32, "aot_eager", id="cpu-aot_eager"),
     pytest.param("cuda", torch.bfloat16, "inductor", id="cuda-inductor", marks=requires_cuda),
 ])
+def test_torch_compile_fullgraph_inference(device, dtype, backend):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyAttention(128, 2).to(device=device, dtype=dtype)
+    x = make((2, 37, 128), dtype, device, 19, requires_grad=False)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    with torch.no_grad():
+        y_eager, y = model(x), compiled(x)
+    assert max_err(y, y_eager) <= 4 * STORAGE_EPS[dtype] * max(1.0, y_eager.abs().max().item())
+
+
+@pytest.mark.parametrize("device,dtype,backend", [
+    pytest.param("cpu", torch.float32, "aot_eager", id="cpu-aot_eager"),
+    pytest.param("cuda", torch.bfloat16, "inductor", id="cuda-inductor", marks=requires_cuda_backward),
+])
 def test_torch_compile_fullgraph(device, dtype, backend):
     """fullgraph=True fails on any graph break; the compiled model must match eager, gradients included."""
     torch._dynamo.reset()
@@ -283,6 +339,29 @@ def test_torch_compile_fullgraph(device, dtype, backend):
 
 
 @requires_cuda
+def test_cuda_graph_forward_capture_and_replay():
+    dtype, device = torch.bfloat16, "cuda"
+    shape = (2, 64, 4, 64)
+    static = [make(shape, dtype, device, s, requires_grad=False) for s in (50, 51, 52)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            flash_attn_func(*static, causal=True, window_size=(32, -1))
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = flash_attn_func(*static, causal=True, window_size=(32, -1))
+    for seed in (60, 70):
+        fresh = [make(shape, dtype, device, seed + i, requires_grad=False) for i in range(3)]
+        for s, f in zip(static, fresh):
+            s.copy_(f)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, flash_attn_func(*fresh, causal=True, window_size=(32, -1)))
+
+
+@requires_cuda_backward
 def test_cuda_graph_capture_and_replay():
     """Forward and backward captured in one CUDA graph; replays on new inputs match eager calls."""
     dtype, device = torch.bfloat16, "cuda"
