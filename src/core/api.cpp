@@ -61,12 +61,11 @@ Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse,
   if (exec.num_threads < 0) return invalid("exec.num_threads", "must be >= 0, 0 = all hardware threads");
   std::vector<int32_t> cu_q, cu_k, used;
   const int32_t *hq = nullptr, *hk = nullptr, *hu = nullptr;
-  // Each offset tensor present on q's device is read on the host. An absent one (its zeroed view says
-  // "CPU") must not stop the others being read; one on another device is left to the validation, which
-  // names it.
-  auto read = [&](const fa_tensor& t, std::vector<int32_t>* storage, const int32_t** host) -> Error {
-    if (t.data == nullptr || t.device != a.q.device || t.device_index != a.q.device_index) return ok();
-    return host_int32(t, exec, storage, host);
+  // Each offset tensor is read where it lives when that is q's device; an absent one (data == NULL, device
+  // field left at CPU) or one on another device is left to the validation to report.
+  auto read = [&](const fa_tensor& t, std::vector<int32_t>* storage, const int32_t** out) -> Error {
+    if (t.data == nullptr || t.device != a.q.device) return ok();
+    return host_int32(t, exec, storage, out);
   };
   if (Error e = read(a.cu_seqlens_q, &cu_q, &hq); !e.ok()) return e;
   if (Error e = read(a.cu_seqlens_k, &cu_k, &hk); !e.ok()) return e;
