@@ -145,6 +145,13 @@ def test_autograd_cpu(shape, mask):
     check_attention("cpu", torch.float32, shape, MASKS[mask])
 
 
+@pytest.mark.parametrize("mask", ["none", "causal", "all"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autograd_cpu_16_bit(dtype, mask):
+    """bfloat16 crosses DLPack as its own type code (numpy has none, so only torch tests it on the CPU)."""
+    check_attention("cpu", dtype, SHAPES[0], MASKS[mask])
+
+
 @requires_cuda
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
