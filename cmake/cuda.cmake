@@ -12,7 +12,14 @@ if(NOT FLASHATTN_CUDA STREQUAL "OFF")
 endif()
 
 if(FLASHATTN_WITH_CUDA)
-  set(CMAKE_CUDA_ARCHITECTURES ${FLASHATTN_CUDA_ARCHS})
+  # Each kernel family sets its own architectures on its targets (FLASHATTN_SM80_ARCHS below); the global
+  # default only has to be something this CMake accepts, so the "a" (arch-specific) suffix, which CMake
+  # 3.25 does not know, is stripped here and the Hopper family passes its gencode flags itself.
+  string(REGEX REPLACE "([0-9]+)a" "\\1" _fa_plain_archs "${FLASHATTN_CUDA_ARCHS}")
+  set(CMAKE_CUDA_ARCHITECTURES ${_fa_plain_archs})
+  # The FlashAttention-2 family (mma.sync, cp.async) runs on sm80 and later; it is also compiled for sm90
+  # so that Hopper runs native code rather than JIT-compiled PTX.
+  set(FLASHATTN_SM80_ARCHS "80;90" CACHE STRING "CUDA architectures of the sm80 (FlashAttention-2) kernels")
   enable_language(CUDA)
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)

@@ -1,0 +1,239 @@
+"""flash_attn 2.x-compatible functions on torch tensors, with autograd.
+
+The kernels are registered as the custom ops ``flashattn::fwd`` and ``flashattn::bwd``
+(``torch.library.custom_op``) with fake (meta) implementations and an autograd formula, so
+``torch.compile(fullgraph=True)`` traces them without a graph break, and CUDA-graph capture works
+(batched calls: the varlen path copies cu_seqlens to the host for validation, which a capture forbids).
+
+CUDA tensors run on ``torch.cuda.current_stream()``; CPU tensors run the CPU backend with
+``torch.get_num_threads()`` threads. The backward saves q, k, v, out and the log-sum-exp only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+from .ops import ALIGN_BOTTOM_RIGHT, ALIGN_TOP_LEFT, causal_alignment_code, window_pair
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+]
+
+
+def _lse_shape(q: Tensor, varlen: bool):
+    if varlen and q.dim() == 3:
+        return (q.shape[1], q.shape[0])
+    if not varlen and q.dim() == 4:
+        return (q.shape[0], q.shape[2], q.shape[1])
+    return (0,)  # wrong rank: the core rejects q, naming it
+
+
+def _dl(t: Optional[Tensor]):
+    # DLPack refuses tensors that require grad; the kernels never record autograd history anyway.
+    return None if t is None else t.detach()
+
+
+def _exec_kwargs(q: Tensor):
+    if q.device.type == "cuda":
+        return dict(num_threads=0, stream=torch.cuda.current_stream(q.device).cuda_stream)
+    return dict(num_threads=torch.get_num_threads(), stream=0)
+
+
+def _attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
+                 window_left, window_right, softcap, alibi_slopes, dropout_p):
+    return dict(cu_seqlens_q=_dl(cu_seqlens_q), cu_seqlens_k=_dl(cu_seqlens_k), seqused_k=_dl(seqused_k),
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                causal_alignment=ALIGN_TOP_LEFT if top_left else ALIGN_BOTTOM_RIGHT, window_left=window_left,
+                window_right=window_right, softcap=softcap, alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p)
+
+
+class _DeviceGuard:
+    """Makes q's CUDA device current while the kernel is launched (a no-op for CPU tensors)."""
+
+    def __init__(self, t: Tensor):
+        self.ctx = torch.cuda.device(t.device) if t.device.type == "cuda" else None
+
+    def __enter__(self):
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+@torch.library.custom_op("flashattn::fwd", mutates_args=())
+def _fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+         seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
+         causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
+         alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    lse = q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+    with _DeviceGuard(q):
+        _C.forward(_dl(q), _dl(k), _dl(v), out, lse,
+                   **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                  causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p),
+                   **_exec_kwargs(q))
+    return out, lse
+
+
+@_fwd.register_fake
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic):
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    return q.new_empty(q.shape[:-1] + v.shape[-1:]), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::bwd", mutates_args=())
+def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+         cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+         softmax_scale: Optional[float], causal: bool, top_left: bool, window_left: int, window_right: int,
+         softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
+         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    with _DeviceGuard(q):
+        _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), dq, dk, dv, deterministic=deterministic,
+                    **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                   causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p),
+                    **_exec_kwargs(q))
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+              softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
+              deterministic):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+# The forward op's argument count: backward returns one gradient (or None) for each.
+_N_FWD_INPUTS = 17
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
+     window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes)
+    ctx.attrs = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap)
+    ctx.dropout_p = dropout_p
+    ctx.deterministic = deterministic
+
+
+def _backward(ctx, grad_out, grad_lse):
+    # lse is returned for inspection (return_attn_probs) and is not differentiable, as in flash_attn:
+    # its gradient is ignored.
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = ctx.saved_tensors
+    (max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap) = ctx.attrs
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    elif grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()  # e.g. the expanded gradient of a sum
+    dq, dk, dv = _bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes,
+                      ctx.dropout_p, ctx.deterministic)
+    return (dq, dk, dv) + (None,) * (_N_FWD_INPUTS - 3)
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _unit_last(t: Tensor) -> Tensor:
+    # The kernels take any strides with a unit-stride last dimension (as flash_attn's maybe_contiguous).
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+               causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment):
+    left, right = window_pair(window_size)
+    top_left = causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT
+    return _fwd(_unit_last(q), _unit_last(k), _unit_last(v), cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+                int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale), bool(causal), top_left,
+                left, right, float(softcap), alibi_slopes, float(dropout_p), bool(deterministic))
+
+
+def _result(out, lse, return_attn_probs):
+    # flash_attn returns (out, softmax_lse, S_dmask); S_dmask exists only for dropout, which is not built.
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _no_block_table(block_table):
+    if block_table is not None:
+        raise NotImplementedError("block_table: the paged KV cache is not supported by flashattn (pass None)")
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                    causal_alignment="bottom_right"):
+    """Attention of q (B, Sq, Hq, D) against k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns out (B, Sq, Hq, Dv).
+
+    As flash_attn.flash_attn_func. Extension: ``causal_alignment`` "bottom_right" (default, flash_attn >= 2.1)
+    or "top_left". With return_attn_probs, returns (out, softmax_lse (B, Hq, Sq) float32, None).
+    """
+    out, lse = _attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
+                          alibi_slopes, deterministic, causal_alignment)
+    return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                             causal_alignment="bottom_right"):
+    """kv (B, Sk, 2, Hkv, D): k = kv[:, :, 0], v = kv[:, :, 1] (strided views, no copy)."""
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, causal_alignment=causal_alignment)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                              causal_alignment="bottom_right"):
+    """qkv (B, S, 3, H, D): q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]."""
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+                           softcap, alibi_slopes, deterministic, return_attn_probs, causal_alignment=causal_alignment)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           causal_alignment="bottom_right", seqused_k=None):
+    """Variable-length batch: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), int32 cu_seqlens (B + 1).
+
+    As flash_attn.flash_attn_varlen_func (block_table is not supported). Extensions: ``causal_alignment``,
+    and ``seqused_k`` (int32 (B): keys used per sequence). softmax_lse is (Hq, Tq).
+    Not capturable in a CUDA graph: cu_seqlens are copied to the host for validation.
+    """
+    _no_block_table(block_table)
+    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                          softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment)
+    return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                                    causal_alignment="bottom_right"):
+    """kv (Tk, 2, Hkv, D)."""
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, causal_alignment=causal_alignment)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, causal_alignment="bottom_right"):
+    """qkv (T, 3, H, D) with one cu_seqlens / max_seqlen for queries and keys."""
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, causal_alignment=causal_alignment)

@@ -1,0 +1,174 @@
+"""Low-level, torch-free entry points: fa_forward / fa_backward on any DLPack arrays.
+
+Works with numpy (CPU backend), and with cupy, jax or torch arrays on CUDA (pass ``stream``).
+Outputs are allocated here only for numpy inputs; for other array libraries pass ``out``/``lse``
+(and ``dq``/``dk``/``dv``) yourself. Layouts and semantics are those of ``flashattn.h``:
+
+* batched: q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), out (B, Sq, Hq, Dv), lse (B, Hq, Sq)
+* varlen:  q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), out (Tq, Hq, Dv), lse (Hq, Tq), with int32
+  cu_seqlens_q / cu_seqlens_k of B + 1 prefix sums.
+
+Errors raise ValueError (an argument broke a rule; the message names it), NotImplementedError (valid
+but not built, e.g. dropout) or RuntimeError (the device runtime failed).
+"""
+
+from __future__ import annotations
+
+from . import _C
+
+ALIGN_BOTTOM_RIGHT = int(_C.ALIGN_BOTTOM_RIGHT)
+ALIGN_TOP_LEFT = int(_C.ALIGN_TOP_LEFT)
+
+_ALIGNMENTS = {"bottom_right": ALIGN_BOTTOM_RIGHT, "top_left": ALIGN_TOP_LEFT}
+_BACKENDS = {
+    "auto": int(_C.BACKEND_AUTO),
+    "cpu": int(_C.BACKEND_CPU),
+    "cuda-sm80": int(_C.BACKEND_CUDA_SM80),
+    "cuda-sm90": int(_C.BACKEND_CUDA_SM90),
+}
+
+__all__ = [
+    "forward",
+    "backward",
+    "causal_alignment_code",
+    "backend_code",
+    "backend_name",
+    "cuda_available",
+    "built_with_cuda",
+    "ALIGN_BOTTOM_RIGHT",
+    "ALIGN_TOP_LEFT",
+]
+
+built_with_cuda = bool(_C.built_with_cuda)
+cuda_available = _C.cuda_available
+
+
+def causal_alignment_code(causal_alignment) -> int:
+    """'bottom_right' (flash_attn >= 2.1, the default) or 'top_left' (flash_attn < 2.1, torch's tril)."""
+    if isinstance(causal_alignment, str):
+        key = causal_alignment.lower().replace("-", "_")
+        if key in _ALIGNMENTS:
+            return _ALIGNMENTS[key]
+    raise ValueError(
+        f"causal_alignment: must be 'bottom_right' or 'top_left' (got {causal_alignment!r})"
+    )
+
+
+def backend_code(backend) -> int:
+    if isinstance(backend, str) and backend in _BACKENDS:
+        return _BACKENDS[backend]
+    raise ValueError(f"backend: must be one of {sorted(_BACKENDS)} (got {backend!r})")
+
+
+def backend_name(q, backend="auto") -> str:
+    """The backend a call with ``q`` would run: 'cpu', 'cuda-sm80', 'cuda-sm90' (or 'none')."""
+    return _C.backend_name(q, backend_code(backend))
+
+
+def window_pair(window_size):
+    """(left, right) from flash_attn's window_size; -1 is an unbounded side."""
+    # No try/except: torch.compile traces this on every call of the flash_attn functions.
+    if isinstance(window_size, (tuple, list)) and len(window_size) == 2:
+        return int(window_size[0]), int(window_size[1])
+    raise ValueError(f"window_size: must be a pair (left, right) of ints, -1 = unbounded (got {window_size!r})")
+
+
+def _is_numpy(a) -> bool:
+    return type(a).__module__ == "numpy" and type(a).__name__ == "ndarray"
+
+
+def _numpy_empty(like, shape, dtype, what):
+    if not _is_numpy(like):
+        raise TypeError(
+            f"{what}: flashattn.ops allocates outputs only for numpy inputs; pass {what} for "
+            f"{type(like).__module__}.{type(like).__name__} arrays"
+        )
+    import numpy as np
+
+    return np.empty(shape, dtype=dtype)
+
+
+def _max_seqlen(cu_seqlens, given, name):
+    if given is not None:
+        return int(given)
+    if cu_seqlens is None:
+        return 0
+    if not _is_numpy(cu_seqlens):
+        raise ValueError(f"{name}: must be given with non-numpy cu_seqlens (an upper bound of the lengths)")
+    import numpy as np
+
+    return int(np.diff(cu_seqlens).max(initial=0))
+
+
+def _lse_shape(q, varlen):
+    shape = tuple(q.shape)
+    if varlen and len(shape) == 3:
+        return (shape[1], shape[0])
+    if not varlen and len(shape) == 4:
+        return (shape[0], shape[2], shape[1])
+    # Wrong rank: the core rejects q first, naming it; any placeholder will do.
+    return (0,)
+
+
+def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
+            causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads, stream):
+    left, right = window_pair(window_size)
+    return dict(
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        seqused_k=seqused_k,
+        max_seqlen_q=_max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q"),
+        max_seqlen_k=_max_seqlen(cu_seqlens_k, max_seqlen_k, "max_seqlen_k"),
+        softmax_scale=None if softmax_scale is None else float(softmax_scale),
+        causal=bool(causal),
+        causal_alignment=causal_alignment_code(causal_alignment),
+        window_left=left,
+        window_right=right,
+        softcap=float(softcap),
+        alibi_slopes=alibi_slopes,
+        dropout_p=float(dropout_p),
+        backend=backend_code(backend),
+        num_threads=int(num_threads),
+        stream=int(stream),
+    )
+
+
+def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, cu_seqlens_k=None,
+            max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
+            causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+            dropout_p=0.0, backend="auto", num_threads=0, stream=0):
+    """Attention forward. Returns ``(out, lse)``, or ``out`` when ``return_lse`` is False.
+
+    softmax_scale None means 1/sqrt(head_dim). max_seqlen_* default to the longest sequence of numpy
+    cu_seqlens. num_threads: CPU worker threads (0 = all). stream: a cudaStream_t as an int for CUDA arrays.
+    """
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if out is None:
+        out = _numpy_empty(q, tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype, "out")
+    if lse is None and return_lse:
+        import numpy as np
+
+        lse = _numpy_empty(q, _lse_shape(q, varlen), np.float32, "lse")
+    _C.forward(q, k, v, out, lse,
+               **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
+                         causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
+                         stream))
+    return (out, lse) if return_lse else out
+
+
+def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q=None, cu_seqlens_k=None,
+             max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
+             causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+             dropout_p=0.0, deterministic=False, backend="auto", num_threads=0, stream=0):
+    """Attention backward from the forward's ``out`` and ``lse``. Returns ``(dq, dk, dv)``."""
+    if dq is None:
+        dq = _numpy_empty(q, q.shape, q.dtype, "dq")
+    if dk is None:
+        dk = _numpy_empty(k, k.shape, k.dtype, "dk")
+    if dv is None:
+        dv = _numpy_empty(v, v.shape, v.dtype, "dv")
+    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, deterministic=bool(deterministic),
+                **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
+                          causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
+                          stream))
+    return dq, dk, dv

@@ -1,0 +1,92 @@
+// The CUDA hooks of core/backend.hpp: backend selection by architecture, and reading varlen offsets.
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "cuda/device.hpp"
+
+namespace flashattn::cuda {
+
+namespace sm80 {
+const detail::Backend& backend();
+// Whether the sm80 kernels contain code this device can run (the build's FLASHATTN_SM80_ARCHS).
+cudaError_t kernels_runnable(int device);
+}  // namespace sm80
+
+detail::Error device_arch(int device, int* arch) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || (e == cudaSuccess && count == 0))
+    return detail::unsupported("q: CUDA tensors given but no CUDA device is available (" +
+                               std::string(e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)) + ")");
+  if (e != cudaSuccess) return runtime_error("cudaGetDeviceCount", e);
+  if (device < 0 || device >= count)
+    return detail::invalid("q", "device_index " + std::to_string(device) + " is not a CUDA device (" +
+                                    std::to_string(count) + " present)");
+  int major = 0, minor = 0;
+  if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess)
+    return runtime_error("cudaDeviceGetAttribute", e);
+  if ((e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess)
+    return runtime_error("cudaDeviceGetAttribute", e);
+  *arch = major * 10 + minor;
+  return detail::ok();
+}
+
+}  // namespace flashattn::cuda
+
+namespace flashattn::detail {
+
+namespace {
+// The FlashAttention-2 kernels need mma.sync m16n8k16 for bf16 and cp.async: sm80.
+constexpr int kSm80MinArch = 80;
+}  // namespace
+
+Error select_cuda_backend(fa_backend requested, int device_index, const Backend** out) {
+  int arch = 0;
+  if (Error e = cuda::device_arch(device_index, &arch); !e.ok()) return e;
+  const std::string device_desc =
+      "device " + std::to_string(device_index) + " is sm" + std::to_string(arch);
+  if (requested == FA_BACKEND_CUDA_SM90)
+    return unsupported("exec.backend: the cuda-sm90 (Hopper) backend is not built in this version of flashattn; "
+                       "use FA_BACKEND_CUDA_SM80 or FA_BACKEND_AUTO");
+  // AUTO and SM80 both land on the FlashAttention-2 kernels for now (they run on sm80 through sm90).
+  if (arch < kSm80MinArch)
+    return unsupported("q: the CUDA backends need compute capability 8.0 or newer (" + device_desc + ")");
+  cuda::DeviceGuard guard(device_index);
+  if (guard.status() != cudaSuccess) return cuda::runtime_error("cudaSetDevice", guard.status());
+  if (cudaError_t e = cuda::sm80::kernels_runnable(device_index); e != cudaSuccess) {
+    cudaGetLastError();  // the failed query is recorded as the last error; clear it for the caller
+    return unsupported("q: the cuda-sm80 kernels were not built for this GPU (" + device_desc +
+                       "; rebuild with FLASHATTN_SM80_ARCHS including " + std::to_string(arch) + "): " +
+                       cudaGetErrorString(e));
+  }
+  *out = &cuda::sm80::backend();
+  return ok();
+}
+
+Error copy_int32_to_host(const fa_tensor& t, void* stream_ptr, std::vector<int32_t>* out) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  cuda::DeviceGuard guard(t.device_index);
+  if (guard.status() != cudaSuccess) return cuda::runtime_error("cudaSetDevice", guard.status());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess)
+    return cuda::runtime_error("cudaStreamIsCapturing", e);
+  if (capture != cudaStreamCaptureStatusNone)
+    return invalid("exec.stream", "is capturing a CUDA graph: varlen offsets (cu_seqlens_q/cu_seqlens_k/seqused_k) "
+                                  "live on the device and cannot be read for validation during capture");
+  out->assign(size_t(t.shape[0]), 0);
+  if (out->empty()) return ok();
+  if (cudaError_t e = cudaMemcpyAsync(out->data(), t.data, out->size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+      e != cudaSuccess)
+    return cuda::runtime_error("reading varlen offsets (cudaMemcpyAsync)", e);
+  if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
+    return cuda::runtime_error("reading varlen offsets (cudaStreamSynchronize)", e);
+  return ok();
+}
+
+bool cuda_device_present() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+}  // namespace flashattn::detail

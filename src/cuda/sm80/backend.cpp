@@ -1,0 +1,168 @@
+// The cuda-sm80 backend: turns the validated Problem into kernel parameters and picks the compiled kernel.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/backend.hpp"
+#include "cuda/device.hpp"
+#include "cuda/sm80/fwd_params.hpp"
+#include "cuda/sm80/tiles.hpp"
+
+namespace flashattn::cuda::sm80 {
+
+// Declarations of the generated instantiations (sm80_fwd_kernels.inc lists them).
+#define FA_SM80_FWD(dtype, hdim)                                                       \
+  extern template cudaError_t launch_fwd<dtype, hdim>(const FwdParams&, cudaStream_t); \
+  extern template cudaError_t fwd_attributes<dtype, hdim>(cudaFuncAttributes*);
+#include "sm80_fwd_kernels.inc"
+#undef FA_SM80_FWD
+
+namespace {
+
+struct FwdKernel {
+  fa_dtype dtype;
+  int head_dim;  // compiled head dim; serves every problem with max(d, dv) <= it
+  cudaError_t (*launch)(const FwdParams&, cudaStream_t);
+  cudaError_t (*attributes)(cudaFuncAttributes*);
+};
+
+constexpr FwdKernel kFwdKernels[] = {
+#define FA_SM80_FWD(dtype, hdim) {dtype, hdim, &launch_fwd<dtype, hdim>, &fwd_attributes<dtype, hdim>},
+#include "sm80_fwd_kernels.inc"
+#undef FA_SM80_FWD
+};
+
+// The smallest compiled head dim that covers the problem (less predicated-away math), or null.
+const FwdKernel* pick_fwd(const detail::Problem& p) {
+  const int64_t need = std::max(p.head_dim, p.head_dim_v);
+  const FwdKernel* best = nullptr;
+  for (const FwdKernel& k : kFwdKernels)
+    if (k.dtype == p.dtype && k.head_dim >= need && (best == nullptr || k.head_dim < best->head_dim)) best = &k;
+  return best;
+}
+
+const char* dtype_name(fa_dtype t) { return t == FA_FLOAT16 ? "float16" : t == FA_BFLOAT16 ? "bfloat16" : "float32"; }
+
+std::string built_list() {
+  std::string s;
+  for (const FwdKernel& k : kFwdKernels)
+    s += (s.empty() ? "" : ", ") + std::string(dtype_name(k.dtype)) + "/d" + std::to_string(k.head_dim);
+  return s;
+}
+
+// A tensor the kernel will read must be device memory of the device it runs on (a host pointer labelled
+// CUDA would otherwise fault the context).
+detail::Error check_device_pointer(const char* name, const void* ptr, int device) {
+  if (ptr == nullptr) return detail::ok();
+  cudaPointerAttributes a{};
+  cudaError_t e = cudaPointerGetAttributes(&a, ptr);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return detail::invalid(name, "is not a valid CUDA pointer (" + std::string(cudaGetErrorString(e)) + ")");
+  }
+  const bool on_device = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  if (!on_device) return detail::invalid(name, "must point to CUDA device memory (got host memory)");
+  if (a.type == cudaMemoryTypeDevice && a.device != device)
+    return detail::invalid(name, "lives on CUDA device " + std::to_string(a.device) + " but device_index says " +
+                                     std::to_string(device));
+  return detail::ok();
+}
+
+constexpr int kMaxGridYZ = 65535;  // CUDA grid limit of the heads (y) and batch (z) dimensions
+
+FwdParams make_params(const detail::Problem& p) {
+  FwdParams k;
+  k.q = p.q;
+  k.k = p.k;
+  k.v = p.v;
+  k.out = p.out;
+  k.lse = p.lse;
+  k.q_batch = p.q_layout.batch, k.q_row = p.q_layout.row, k.q_head = p.q_layout.head;
+  k.k_batch = p.k_layout.batch, k.k_row = p.k_layout.row, k.k_head = p.k_layout.head;
+  k.v_batch = p.v_layout.batch, k.v_row = p.v_layout.row, k.v_head = p.v_layout.head;
+  k.o_batch = p.out_layout.batch, k.o_row = p.out_layout.row, k.o_head = p.out_layout.head;
+  k.lse_batch = p.lse_layout.batch, k.lse_row = p.lse_layout.row, k.lse_head = p.lse_layout.head;
+  if (p.varlen) {
+    k.cu_seqlens_q = p.cu_seqlens_q;
+    k.cu_seqlens_k = p.cu_seqlens_k;
+  }
+  k.seqused_k = p.seqused_k;
+  k.batch = int(p.batch);
+  k.heads_q = int(p.heads_q);
+  k.group = int(p.group());
+  k.seqlen_q = int(p.seqlen_q);
+  k.seqlen_k = int(p.seqlen_k);
+  k.head_dim = int(p.head_dim);
+  k.head_dim_v = int(p.head_dim_v);
+  const float log2e = float(1.0 / std::log(2.0));
+  if (p.softcap > 0.f) {
+    k.softcap = p.softcap;
+    k.softcap_in_scale = p.scale / p.softcap;
+    k.logit_scale = 1.f;
+  } else {
+    k.logit_scale = p.scale;
+  }
+  k.scale_log2 = k.logit_scale * log2e;
+  k.bottom_right = p.alignment == FA_ALIGN_BOTTOM_RIGHT;
+  k.has_window = p.has_window();
+  k.window_left = int(p.window_left);
+  k.window_right = int(p.window_right);
+  k.alibi = p.alibi;
+  k.alibi_batch_stride = p.alibi_batch_stride;
+  return k;
+}
+
+detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
+  const FwdKernel* kernel = pick_fwd(p);
+  if (kernel == nullptr)
+    return detail::unsupported("q: the cuda-sm80 backend has no kernel for " + std::string(dtype_name(p.dtype)) +
+                               " with head_dim " + std::to_string(p.head_dim) + ", head_dim_v " +
+                               std::to_string(p.head_dim_v) + " in this build (built: " + built_list() +
+                               "; FLASHATTN_KERNELS=default or all builds more)");
+  if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
+    return detail::unsupported("q: the cuda-sm80 backend supports at most " + std::to_string(kMaxGridYZ) +
+                               " heads and batch entries (got " + std::to_string(p.heads_q) + " heads, batch " +
+                               std::to_string(p.batch) + ")");
+  if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return detail::ok();  // nothing to compute
+
+  DeviceGuard guard(p.device_index);
+  if (guard.status() != cudaSuccess) return runtime_error("cudaSetDevice", guard.status());
+  if (detail::Error e = check_device_pointer("q", p.q, p.device_index); !e.ok()) return e;
+  if (detail::Error e = check_device_pointer("k", p.k, p.device_index); !e.ok()) return e;
+  if (detail::Error e = check_device_pointer("v", p.v, p.device_index); !e.ok()) return e;
+  if (detail::Error e = check_device_pointer("out", p.out, p.device_index); !e.ok()) return e;
+  if (detail::Error e = check_device_pointer("lse", p.lse, p.device_index); !e.ok()) return e;
+  if (detail::Error e = check_device_pointer("alibi_slopes", p.alibi, p.device_index); !e.ok()) return e;
+
+  const FwdParams params = make_params(p);
+  if (cudaError_t e = kernel->launch(params, static_cast<cudaStream_t>(exec.stream)); e != cudaSuccess)
+    return runtime_error("cuda-sm80 forward kernel launch", e);
+  return detail::ok();
+}
+
+detail::TileShape tile_shape(const detail::Problem& p) {
+  const FwdKernel* kernel = pick_fwd(p);
+  if (kernel == nullptr) return {};
+  const FwdTiles t = fwd_tiles(kernel->head_dim);
+  return {t.block_q, t.block_k};
+}
+
+}  // namespace
+
+cudaError_t kernels_runnable(int /*device*/) {
+  cudaFuncAttributes a{};
+  return kFwdKernels[0].attributes(&a);
+}
+
+// 16-byte pointers and strides in multiples of 8 elements: every row of a tile starts on a 16-byte boundary,
+// so the kernels move whole 128-bit vectors (cp.async 16 B) without alignment checks.
+constexpr int kVectorBytes = 16;
+constexpr int kVectorElems = kVectorBytes / 2;  // fp16/bf16 only
+
+const detail::Backend& backend() {
+  static const detail::Backend b{"cuda-sm80", detail::Requirements{kVectorBytes, kVectorElems, false, "cuda-sm80"},
+                                 forward, nullptr, tile_shape};
+  return b;
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,467 @@
+// The sm80 forward kernel (FlashAttention-2 algorithm) written with CuTe:
+//   tile scheduler  -> which (query block, head, batch) this CTA computes
+//   mask policy     -> which key blocks it visits and which scores it masks
+//   mainloop        -> cp.async loads of K/V overlapped with mma.sync m16n8k16 (fp32 accumulation) and the
+//                      online softmax in registers (exp2 with the softmax scale folded into one FFMA)
+//   epilogue        -> normalise, stage O through shared memory, predicated 128-bit stores, LSE
+// Head dims smaller than the compiled one are handled by predication: the missing columns of Q/K/V are zero
+// filled in shared memory (they add nothing to Q.K^T, and produce O columns that are never stored).
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "cuda/sm80/fwd_params.hpp"
+#include "cuda/sm80/tiles.hpp"
+
+namespace flashattn::cuda::sm80 {
+
+using namespace cute;
+
+template <typename Element_, int kHeadDim_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr FwdTiles kTiles = fwd_tiles(kHeadDim_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTiles.block_q;
+  static constexpr int kBlockN = kTiles.block_k;
+  static constexpr int kWarps = kTiles.warps;
+  static constexpr int kThreads = kWarps * 32;
+  static_assert(kHeadDim % 32 == 0, "compiled head dims are multiples of 32 (smaller dims are predicated)");
+
+  // Tensor cores: one warp computes a 16-row slab; warps tile the query rows (FA2 work split), so the row
+  // statistics of the softmax never leave a warp.
+  using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, SM80_16x8x16_F32F16F16F32_TN,
+                                   SM80_16x8x16_F32BF16BF16F32_TN>;
+  using TiledMma = TiledMMA<MMA_Atom<MmaOp>, Layout<Shape<Int<kWarps>, _1, _1>>, Tile<Int<16 * kWarps>, _16, _16>>;
+
+  // Shared memory rows are cut into chunks of 64 elements (128 bytes) where the head dim allows, 32 otherwise;
+  // the XOR swizzle of the 16-byte vectors within 8 rows makes both the 128-bit cp.async stores and the
+  // ldmatrix reads (8 rows x 16 bytes per phase) conflict-free.
+  static constexpr int kSmemChunk = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
+  // Swizzle<B, M, S>: the vector index (bits [M, M+B) of the element offset) is XORed with the bits S above it.
+  static constexpr int kVecBits = 3;                              // log2(kVecElems): 16-byte vectors stay whole
+  static constexpr int kSwizzleBits = kSmemChunk == 64 ? 3 : 2;  // log2(vectors per chunk row)
+  static constexpr int kSwizzleShift = 3;                         // XOR with the row bits (8 rows per atom)
+  static_assert(kVecElems == (1 << kVecBits));
+  using SmemAtom = decltype(composition(Swizzle<kSwizzleBits, kVecBits, kSwizzleShift>{},
+                                        Layout<Shape<_8, Int<kSmemChunk>>, Stride<Int<kSmemChunk>, _1>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // V read as the B operand of P.V: the same bytes viewed (head_dim, keys).
+  using SmemLayoutVt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  static constexpr int kSmemElems = int(size(SmemLayoutQ{}) + 2 * size(SmemLayoutKV{}));
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
+
+  // Global <-> shared: each thread moves 16-byte vectors; a row of a chunk is covered by kThreadsPerRow threads.
+  static constexpr int kThreadsPerRow = kSmemChunk / kVecElems;
+  static_assert(kThreads % kThreadsPerRow == 0);
+  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
+  using GmemVec = Layout<Shape<_1, Int<kVecElems>>>;
+  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+                                            GmemThreads{}, GmemVec{}));
+  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
+                                             GmemVec{}));
+  using SmemLoadQK = Copy_Atom<SM75_U32x4_LDSM_N, Element>;   // ldmatrix
+  using SmemLoadVt = Copy_Atom<SM75_U16x8_LDSM_T, Element>;   // ldmatrix.trans: V is (keys, d) in smem
+  using SmemStoreO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+};
+
+// ------------------------------------------------------------------------------------------- tile scheduler
+struct TileScheduler {
+  struct Tile {
+    int m_block, head, batch;
+  };
+  static dim3 grid(const FwdParams& p, int block_m) {
+    return dim3(unsigned((p.seqlen_q + block_m - 1) / block_m), unsigned(p.heads_q), unsigned(p.batch));
+  }
+  // Query blocks are issued last-first: under a causal mask the last blocks see the most keys, so the longest
+  // CTAs start in the first wave and the short ones fill the tail.
+  __device__ static Tile current() { return {int(gridDim.x - 1 - blockIdx.x), int(blockIdx.y), int(blockIdx.z)}; }
+};
+
+// Where the sequence of batch entry b lives, and its lengths.
+struct SeqInfo {
+  int q_start = 0, k_start = 0;  // varlen: first global row; batched: 0
+  int len_q = 0, len_k = 0;
+  __device__ SeqInfo(const FwdParams& p, int b) {
+    if (p.cu_seqlens_q != nullptr) {
+      q_start = p.cu_seqlens_q[b];
+      k_start = p.cu_seqlens_k[b];
+      len_q = p.cu_seqlens_q[b + 1] - q_start;
+      len_k = p.cu_seqlens_k[b + 1] - k_start;
+    } else {
+      len_q = p.seqlen_q;
+      len_k = p.seqlen_k;
+    }
+    if (p.seqused_k != nullptr) len_k = p.seqused_k[b];
+  }
+};
+
+struct BlockRange {
+  int lo, hi;  // key blocks [lo, hi)
+};
+
+// ------------------------------------------------------------------------------------------- mask policies
+// Only the keys past the end of the sequence are masked.
+struct KeyLengthMask {
+  int len_k;
+  __device__ KeyLengthMask(const FwdParams&, const SeqInfo& s) : len_k(s.len_k) {}
+  __device__ BlockRange blocks(int /*m0*/, int /*rows*/, int block_n) const { return {0, (len_k + block_n - 1) / block_n}; }
+  __device__ bool block_needs_mask(int /*m0*/, int /*rows*/, int n0, int block_n) const { return n0 + block_n > len_k; }
+  __device__ bool visible(int /*row*/, int col) const { return col < len_k; }
+};
+
+// Causal or sliding window: query i sees keys [i + off - left, i + off + right] (a side of -1 is unbounded).
+struct WindowMask {
+  int len_k, diag_off, left, right;
+  __device__ WindowMask(const FwdParams& p, const SeqInfo& s)
+      : len_k(s.len_k), diag_off(p.bottom_right ? s.len_k - s.len_q : 0), left(p.window_left), right(p.window_right) {}
+  // Key blocks touched by query rows [m0, m0 + rows).
+  __device__ BlockRange blocks(int m0, int rows, int block_n) const {
+    int hi = right >= 0 ? min(len_k, m0 + rows - 1 + diag_off + right + 1) : len_k;
+    int lo = left >= 0 ? max(0, m0 + diag_off - left) : 0;
+    if (hi <= lo) return {0, 0};
+    return {lo / block_n, (hi + block_n - 1) / block_n};
+  }
+  __device__ bool block_needs_mask(int m0, int rows, int n0, int block_n) const {
+    const int last_col = n0 + block_n - 1;
+    return last_col >= len_k || (right >= 0 && last_col > m0 + diag_off + right) ||
+           (left >= 0 && n0 < m0 + rows - 1 + diag_off - left);
+  }
+  __device__ bool visible(int row, int col) const {
+    const int diag = row + diag_off;
+    return col < len_k && (right < 0 || col <= diag + right) && (left < 0 || col >= diag - left);
+  }
+};
+
+// ------------------------------------------------------------------------------------------- helpers
+// MMA accumulator ((2,2), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent columns,
+// value mode 1 the row 8 below.
+template <class Layout>
+__device__ constexpr auto acc_rows_cols(Layout l) {
+  static_assert(decltype(rank(l))::value == 3);
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+}
+
+// The accumulator of S = Q.K^T reused as the A operand of P.V: an m16n8k16 A fragment of 16 keys is the C
+// fragments of two adjacent 8-key tiles, so ((2,2), M, N) -> ((2,2,2), M, N/2).
+template <class Layout>
+__device__ constexpr auto acc_as_a_operand(Layout l) {
+  auto d = logical_divide(l, Shape<Underscore, Underscore, _2>{});
+  return make_layout(make_layout(get<0>(d), get<2, 0>(d)), get<1>(d), get<2, 1>(d));
+}
+
+template <typename To, class Engine, class Layout>
+__device__ auto convert_fragment(const Tensor<Engine, Layout>& src) {
+  Tensor dst = make_tensor<To>(src.layout());
+  CUTE_UNROLL
+  for (int i = 0; i < size(src); ++i) dst(i) = To(src(i));
+  return dst;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The four threads of an MMA quad share an accumulator row.
+template <class Op>
+__device__ __forceinline__ float quad_reduce(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Predicated tile load: rows >= `rows` or columns >= `cols` are zero-filled in shared memory rather than
+// read, so partial tiles and padded head dims never touch memory outside the tensors.
+template <class TiledCopy, class Src, class Dst, class Coord>
+__device__ void load_tile(const TiledCopy& copy, const Src& src, Dst&& dst, const Coord& coord, int rows, int cols) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    if (get<0>(coord(0, m, 0)) < rows) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(dst); ++k) {
+        if (get<1>(coord(0, m, k)) < cols) cute::copy(copy, src(_, m, k), dst(_, m, k));
+        else cute::clear(dst(_, m, k));
+      }
+    } else {
+      cute::clear(dst(_, m, _));
+    }
+  }
+}
+
+// acc += A.B with both operands read from shared memory k-slice by k-slice; the next slice's ldmatrix is issued
+// before the current slice's MMAs so that the loads hide behind the math.
+template <class Acc, class RA, class RB, class SA, class SB, class Mma, class CopyA, class CopyB, class ThrCopyA,
+          class ThrCopyB>
+__device__ void gemm_smem_smem(Acc& acc, RA& rA, RB& rB, const SA& sA, const SB& sB, const Mma& mma,
+                               const CopyA& copy_a, const CopyB& copy_b, const ThrCopyA& thr_a, const ThrCopyB& thr_b) {
+  Tensor rA_view = thr_a.retile_D(rA);
+  Tensor rB_view = thr_b.retile_D(rB);
+  cute::copy(copy_a, sA(_, _, 0), rA_view(_, _, 0));
+  cute::copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) {
+      cute::copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
+      cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    }
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// acc += A.B with A already in registers (the probabilities P) and B read from shared memory.
+template <class Acc, class RA, class RB, class SB, class Mma, class CopyB, class ThrCopyB>
+__device__ void gemm_reg_smem(Acc& acc, const RA& rA, RB& rB, const SB& sB, const Mma& mma, const CopyB& copy_b,
+                              const ThrCopyB& thr_b) {
+  Tensor rB_view = thr_b.retile_D(rB);
+  cute::copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// ------------------------------------------------------------------------------------------- online softmax
+// Running max and sum of each accumulator row a thread holds. Scores stay unscaled until exponentiated:
+// p = exp2(s * scale_log2 - max * scale_log2), one FFMA and one MUFU.EX2 per score.
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];  // this thread's partial sums; reduced over the quad once, in finish()
+
+  __device__ OnlineSoftmax() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // Turns the scores S (rows, cols) into probabilities and rescales the output accumulator O (rows, dv).
+  template <bool kFirst, class S, class O>
+  __device__ void update(S& s, O& o, float scale_log2) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
+      m = quad_reduce(m, [](float a, float b) { return fmaxf(a, b); });
+      // A row with nothing visible so far keeps max -inf; offsetting by 0 then keeps exp2(-inf) = 0 (not NaN).
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      if (!kFirst) {
+        const float correction = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+        row_sum[r] *= correction;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+      }
+      row_max[r] = m;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        const float e = fast_exp2(s(r, c) * scale_log2 - m_scaled);
+        s(r, c) = e;
+        sum += e;
+      }
+      row_sum[r] += sum;
+    }
+  }
+
+  // Normalises O and returns each row's natural-log LSE in lse[] (-inf and O = 0 for rows that saw no key;
+  // a NaN sum stays NaN so that NaN inputs propagate).
+  template <class O>
+  __device__ void finish(O& o, float logit_scale, float (&lse)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_reduce(row_sum[r], [](float a, float b) { return a + b; });
+      const float inv = sum == 0.f ? 0.f : 1.f / sum;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
+      lse[r] = sum == 0.f ? -INFINITY : row_max[r] * logit_scale + logf(sum);
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------- the kernel
+template <class Traits, class Mask>
+__global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  extern __shared__ __align__(128) char smem_raw[];
+
+  const TileScheduler::Tile tile = TileScheduler::current();
+  const SeqInfo seq(p, tile.batch);
+  const int m0 = tile.m_block * kBlockM;
+  if (m0 >= seq.len_q) return;  // varlen: this sequence is shorter than max_seqlen_q
+  const int rows_here = min(kBlockM, seq.len_q - m0);
+  const int tid = int(threadIdx.x);
+  const int kv_head = tile.head / p.group;
+
+  // ---- global tensors of this (batch, head): (rows, compiled head dim), columns past head_dim predicated
+  const int64_t bq = p.cu_seqlens_q ? int64_t(seq.q_start) * p.q_row : int64_t(tile.batch) * p.q_batch;
+  const int64_t bk = p.cu_seqlens_k ? int64_t(seq.k_start) * p.k_row : int64_t(tile.batch) * p.k_batch;
+  const int64_t bv = p.cu_seqlens_k ? int64_t(seq.k_start) * p.v_row : int64_t(tile.batch) * p.v_batch;
+  const int64_t bo = p.cu_seqlens_q ? int64_t(seq.q_start) * p.o_row : int64_t(tile.batch) * p.o_batch;
+  const Element* q_ptr = static_cast<const Element*>(p.q) + bq + tile.head * p.q_head;
+  const Element* k_ptr = static_cast<const Element*>(p.k) + bk + kv_head * p.k_head;
+  const Element* v_ptr = static_cast<const Element*>(p.v) + bv + kv_head * p.v_head;
+  Element* o_ptr = static_cast<Element*>(p.out) + bo + tile.head * p.o_head;
+
+  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.q_row, _1{}));
+  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(seq.len_k, Int<kHeadDim>{}), make_stride(p.k_row, _1{}));
+  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(seq.len_k, Int<kHeadDim>{}), make_stride(p.v_row, _1{}));
+  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.o_row, _1{}));
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
+  Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (N, D, n_blocks)
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+
+  // ---- shared memory: Q | K | V (O is staged through Q's space in the epilogue)
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  Tensor sQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem + size(sQ)), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem + size(sQ) + size(sK)), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
+
+  typename Traits::GmemLoad gmem_load;
+  auto gthr = gmem_load.get_thread_slice(tid);
+  Tensor tQg = gthr.partition_S(gQ);
+  Tensor tQs = gthr.partition_D(sQ);
+  Tensor tKg = gthr.partition_S(gK);  // (CPY, CPY_N, CPY_D, n_blocks)
+  Tensor tKs = gthr.partition_D(sK);
+  Tensor tVg = gthr.partition_S(gV);
+  Tensor tVs = gthr.partition_D(sV);
+  Tensor tQc = gthr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tKVc = gthr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+
+  typename Traits::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor rQ = thr_mma.partition_fragment_A(sQ);
+  Tensor rK = thr_mma.partition_fragment_B(sK);
+  Tensor rVt = thr_mma.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem), make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  clear(acc_o);
+
+  auto smem_q = make_tiled_copy_A(typename Traits::SmemLoadQK{}, mma);
+  auto smem_q_thr = smem_q.get_thread_slice(tid);
+  Tensor tSsQ = smem_q_thr.partition_S(sQ);
+  auto smem_k = make_tiled_copy_B(typename Traits::SmemLoadQK{}, mma);
+  auto smem_k_thr = smem_k.get_thread_slice(tid);
+  Tensor tSsK = smem_k_thr.partition_S(sK);
+  auto smem_v = make_tiled_copy_B(typename Traits::SmemLoadVt{}, mma);
+  auto smem_v_thr = smem_v.get_thread_slice(tid);
+  Tensor tOsVt = smem_v_thr.partition_S(sVt);
+
+  // Accumulator coordinates within the (query block, key block) tile, for masks and ALiBi.
+  Tensor cS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor cS_rc = make_tensor(cS.data(), acc_rows_cols(cS.layout()));
+  Tensor acc_o_rc = make_tensor(acc_o.data(), acc_rows_cols(acc_o.layout()));
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  OnlineSoftmax<kRows> softmax;
+
+  const Mask mask(p, seq);
+  const BlockRange range = mask.blocks(m0, rows_here, kBlockN);
+  const float alibi_slope =
+      p.alibi != nullptr ? p.alibi[int64_t(tile.batch) * p.alibi_batch_stride + tile.head] / p.logit_scale : 0.f;
+  const int diag_off = p.bottom_right ? seq.len_k - seq.len_q : 0;
+
+  // ---- mainloop: key blocks from the last to the first, so the one partial (masked) block comes first
+  if (range.hi > range.lo) {
+    int n = range.hi - 1;
+    load_tile(gmem_load, tQg, tQs, tQc, rows_here, p.head_dim);
+    load_tile(gmem_load, tKg(_, _, _, n), tKs, tKVc, seq.len_k - n * kBlockN, p.head_dim);
+    cute::cp_async_fence();
+
+    for (bool first = true; n >= range.lo; --n, first = false) {
+      Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_s);
+      cute::cp_async_wait<0>();
+      __syncthreads();  // K(n) (and Q) landed; every warp is done reading V(n+1)
+      // V(n) streams in while S = Q.K^T is computed.
+      load_tile(gmem_load, tVg(_, _, _, n), tVs, tKVc, seq.len_k - n * kBlockN, p.head_dim_v);
+      cute::cp_async_fence();
+      gemm_smem_smem(acc_s, rQ, rK, tSsQ, tSsK, mma, smem_q, smem_k, smem_q_thr, smem_k_thr);
+
+      Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
+      if (p.softcap > 0.f) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = p.softcap * tanhf(acc_s(i) * p.softcap_in_scale);
+      }
+      const int n0 = n * kBlockN;
+      if (p.alibi != nullptr) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          const int row = m0 + get<0>(cS(i)), col = n0 + get<1>(cS(i));
+          acc_s(i) -= alibi_slope * float(abs(row + diag_off - col));
+        }
+      }
+      if (mask.block_needs_mask(m0, rows_here, n0, kBlockN)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i)
+          if (!mask.visible(m0 + get<0>(cS(i)), n0 + get<1>(cS(i)))) acc_s(i) = -INFINITY;
+      }
+
+      cute::cp_async_wait<0>();
+      __syncthreads();  // V(n) landed; every warp is done reading K(n)
+      if (n > range.lo) {
+        load_tile(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, seq.len_k - (n - 1) * kBlockN, p.head_dim);
+        cute::cp_async_fence();
+      }
+
+      if (first) softmax.template update<true>(s, acc_o_rc, p.scale_log2);
+      else softmax.template update<false>(s, acc_o_rc, p.scale_log2);
+
+      Tensor probs = convert_fragment<Element>(acc_s);
+      Tensor rP = make_tensor(probs.data(), acc_as_a_operand(probs.layout()));
+      gemm_reg_smem(acc_o, rP, rVt, tOsVt, mma, smem_v, smem_v_thr);
+    }
+  }
+
+  // ---- epilogue
+  float lse[kRows];
+  softmax.finish(acc_o_rc, p.logit_scale, lse);
+
+  Tensor out_frag = convert_fragment<Element>(acc_o);
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});
+  auto smem_o = make_tiled_copy_C(typename Traits::SmemStoreO{}, mma);
+  auto smem_o_thr = smem_o.get_thread_slice(tid);
+  __syncthreads();  // every warp is done reading Q (and V) before O overwrites Q's space
+  cute::copy(smem_o, smem_o_thr.retile_S(out_frag), smem_o_thr.partition_D(sO));
+
+  if (p.lse != nullptr) {
+    Tensor cO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor cO_rc = make_tensor(cO.data(), acc_rows_cols(cO.layout()));
+    const int64_t lse_base = p.cu_seqlens_q ? int64_t(seq.q_start) * p.lse_row : int64_t(tile.batch) * p.lse_batch;
+    float* lse_ptr = p.lse + lse_base + int64_t(tile.head) * p.lse_head;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(cO_rc(r, 0));
+      // One writer per row: the quad's thread that holds column 0.
+      if (get<1>(cO_rc(r, 0)) == 0 && row < rows_here) lse_ptr[int64_t(m0 + row) * p.lse_row] = lse[r];
+    }
+  }
+  __syncthreads();  // O tile complete in shared memory
+
+  typename Traits::GmemStore gmem_store;
+  auto sthr = gmem_store.get_thread_slice(tid);
+  Tensor tOs = sthr.partition_S(sO);
+  Tensor tOg = sthr.partition_D(gO);
+  Tensor tOc = sthr.partition_D(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOg); ++m) {
+    if (get<0>(tOc(0, m, 0)) >= rows_here) continue;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tOg); ++k)
+      if (get<1>(tOc(0, m, k)) < p.head_dim_v) cute::copy(gmem_store, tOs(_, m, k), tOg(_, m, k));
+  }
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,486 @@
+// GPU correctness of fa_forward on CUDA tensors against the float64 reference (src/cpu/reference.hpp).
+// Every case: fresh random inputs, outputs and LSE poisoned with NaN before the run, then
+//   |ours - exact| <= 2 * |plain low-precision (Rounding::kStorage) - exact| + floor   (NaN never passes)
+// on every row (small problems) or on sampled rows that include each sequence's first and last rows.
+// Skips (GTEST_SKIP) when no CUDA device is present, so the binary is safe in CPU-only CI.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/problem.hpp"
+#include "cpu/numeric.hpp"
+#include "cpu/reference.hpp"
+#include "flashattn/flashattn.h"
+
+namespace {
+
+using flashattn::detail::Problem;
+namespace ref = flashattn::reference;
+
+// Absolute error floor: the fp32 accumulation order of the tiled kernel vs the reference, far below one
+// bf16/fp16 ulp of O(1) outputs (2^-8 / 2^-11).
+constexpr double kOutFloor = 1e-4;
+constexpr double kLseFloor = 1e-4;
+// Problems with more (head, row) pairs than this are checked on sampled rows.
+constexpr int64_t kFullCheckRows = 3000;
+constexpr int kSampledRows = 200;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+struct Case {
+  std::string name;
+  fa_dtype dtype = FA_BFLOAT16;
+  int64_t batch = 1, sq = 1, sk = 1, hq = 2, hkv = 2, d = 64, dv = 64;
+  bool causal = false;
+  fa_causal_alignment align = FA_ALIGN_BOTTOM_RIGHT;
+  int64_t wl = -1, wr = -1;
+  float softcap = 0.f;
+  int alibi = 0;                 // 0 none, 1: (Hq), 2: (B, Hq)
+  std::vector<int> lens_q, lens_k;  // varlen when non-empty
+  std::vector<int> used_k;          // seqused_k when non-empty
+  int64_t row_pad = 0;              // extra elements per row (non-contiguous strides)
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& i) { return i.param.name; }
+
+uint16_t to_storage(fa_dtype t, float x) {
+  return t == FA_FLOAT16 ? flashattn::cpu::float_to_fp16(x) : flashattn::cpu::float_to_bf16(x);
+}
+double from_storage(fa_dtype t, uint16_t x) {
+  return t == FA_FLOAT16 ? flashattn::cpu::fp16_to_float(x) : flashattn::cpu::bf16_to_float(x);
+}
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    void* p = nullptr;
+    ptr = cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess ? static_cast<T*>(p) : nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void upload(const std::vector<T>& h) { ASSERT_EQ(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+// A (rows..., heads, dim) tensor with row stride heads*dim + pad.
+fa_tensor view(void* data, fa_dtype dt, fa_device dev, bool varlen, int64_t batch, int64_t rows, int64_t heads,
+               int64_t dim, int64_t pad) {
+  fa_tensor t{};
+  t.data = data;
+  t.dtype = dt;
+  t.device = dev;
+  const int64_t row = heads * dim + pad;
+  if (varlen) {
+    t.ndim = 3;
+    int64_t s[3] = {rows, heads, dim}, st[3] = {row, dim, 1};
+    std::memcpy(t.shape, s, sizeof s);
+    std::memcpy(t.stride, st, sizeof st);
+  } else {
+    t.ndim = 4;
+    int64_t s[4] = {batch, rows, heads, dim}, st[4] = {rows * row, row, dim, 1};
+    std::memcpy(t.shape, s, sizeof s);
+    std::memcpy(t.stride, st, sizeof st);
+  }
+  return t;
+}
+
+fa_tensor vec_i32(void* data, fa_device dev, int64_t n) {
+  fa_tensor t = fa_make_tensor(data, FA_INT32, dev, 1, &n);
+  return t;
+}
+
+struct Errors {
+  double out_ours = 0, out_plain = 0, lse_ours = 0, lse_plain = 0;
+  int64_t rows = 0, bad_rows = 0;
+  std::string first_bad;
+};
+
+void run_case(const Case& c) {
+  const bool varlen = !c.lens_q.empty();
+  const int64_t batch = varlen ? int64_t(c.lens_q.size()) : c.batch;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (size_t b = 0; varlen && b < c.lens_q.size(); ++b) {
+    cu_q.push_back(cu_q.back() + c.lens_q[b]);
+    cu_k.push_back(cu_k.back() + c.lens_k[b]);
+  }
+  const int64_t rows_q = varlen ? cu_q.back() : c.sq, rows_k = varlen ? cu_k.back() : c.sk;
+  const int64_t nb = varlen ? 1 : batch;  // leading dim count of batched tensors
+  const int64_t pad = c.row_pad;
+  const size_t nq = size_t(nb * rows_q * (c.hq * c.d + pad)), nk = size_t(nb * rows_k * (c.hkv * c.d + pad));
+  const size_t nv = size_t(nb * rows_k * (c.hkv * c.dv + pad)), no = size_t(nb * rows_q * (c.hq * c.dv + pad));
+  const size_t nl = size_t(nb * c.hq * rows_q);
+
+  std::mt19937 rng(std::hash<std::string>{}(c.name));
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto fill = [&](size_t n) {
+    std::vector<uint16_t> h(n);
+    for (auto& x : h) x = to_storage(c.dtype, normal(rng));
+    return h;
+  };
+  std::vector<uint16_t> hq = fill(nq), hk = fill(nk), hv = fill(nv);
+  std::vector<float> slopes;
+  if (c.alibi) {
+    std::uniform_real_distribution<float> u(0.05f, 0.5f);
+    slopes.resize(size_t((c.alibi == 2 ? batch : 1) * c.hq));
+    for (auto& s : slopes) s = u(rng);
+  }
+
+  DeviceBuffer<uint16_t> dq(nq), dk(nk), dv(nv), dout(no);
+  DeviceBuffer<float> dlse(nl), dslopes(slopes.size());
+  DeviceBuffer<int32_t> dcu_q(cu_q.size()), dcu_k(cu_k.size()), dused(c.used_k.size());
+  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
+  dq.upload(hq);
+  dk.upload(hk);
+  dv.upload(hv);
+  if (!slopes.empty()) dslopes.upload(slopes);
+  if (varlen) {
+    dcu_q.upload(cu_q);
+    dcu_k.upload(cu_k);
+  }
+  std::vector<int32_t> used(c.used_k.begin(), c.used_k.end());
+  if (!used.empty()) dused.upload(used);
+  // Poison: all-ones bits are NaN in fp16, bf16 and fp32.
+  ASSERT_EQ(cudaMemset(dout.ptr, 0xff, no * sizeof(uint16_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dlse.ptr, 0xff, nl * sizeof(float)), cudaSuccess);
+
+  auto make_params = [&](fa_device dev, void* q, void* k, void* v, void* out, void* lse, void* cuq, void* cuk,
+                         void* usedk, void* sl) {
+    fa_fwd_params p{};
+    p.attn = fa_attention_default();
+    p.attn.q = view(q, c.dtype, dev, varlen, batch, rows_q, c.hq, c.d, pad);
+    p.attn.k = view(k, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.d, pad);
+    p.attn.v = view(v, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.dv, pad);
+    p.out = view(out, c.dtype, dev, varlen, batch, rows_q, c.hq, c.dv, pad);
+    if (varlen) {
+      int64_t s[2] = {c.hq, rows_q};
+      p.lse = fa_make_tensor(lse, FA_FLOAT32, dev, 2, s);
+      p.attn.cu_seqlens_q = vec_i32(cuq, dev, int64_t(cu_q.size()));
+      p.attn.cu_seqlens_k = vec_i32(cuk, dev, int64_t(cu_k.size()));
+      p.attn.max_seqlen_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
+      p.attn.max_seqlen_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
+    } else {
+      int64_t s[3] = {batch, c.hq, rows_q};
+      p.lse = fa_make_tensor(lse, FA_FLOAT32, dev, 3, s);
+    }
+    if (!c.used_k.empty()) p.attn.seqused_k = vec_i32(usedk, dev, int64_t(c.used_k.size()));
+    p.attn.causal = c.causal;
+    p.attn.causal_alignment = c.align;
+    p.attn.window_left = c.wl;
+    p.attn.window_right = c.wr;
+    p.attn.softcap = c.softcap;
+    if (c.alibi == 1) p.attn.alibi_slopes = fa_make_tensor(sl, FA_FLOAT32, dev, 1, &c.hq);
+    if (c.alibi == 2) {
+      int64_t s[2] = {batch, c.hq};
+      p.attn.alibi_slopes = fa_make_tensor(sl, FA_FLOAT32, dev, 2, s);
+    }
+    return p;
+  };
+
+  fa_fwd_params gp = make_params(FA_DEVICE_CUDA, dq.ptr, dk.ptr, dv.ptr, dout.ptr, dlse.ptr, dcu_q.ptr, dcu_k.ptr,
+                                 dused.ptr, dslopes.ptr);
+  fa_exec exec = fa_exec_default();
+  ASSERT_EQ(fa_forward(&gp, &exec), FA_OK) << fa_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_STREQ(fa_backend_name(&gp, &exec), "cuda-sm80");
+  std::vector<uint16_t> out = dout.download();
+  std::vector<float> lse = dlse.download();
+
+  // The reference reads host memory: the same call described with host tensors, validated the CPU way.
+  std::vector<uint16_t> host_out(no);
+  std::vector<float> host_lse(nl);
+  fa_fwd_params hp = make_params(FA_DEVICE_CPU, hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(),
+                                 cu_q.data(), cu_k.data(), used.data(), slopes.data());
+  Problem prob;
+  const flashattn::detail::Requirements cpu_req{0, 1, true, "cpu"};
+  auto e = flashattn::detail::validate(hp.attn, hp.out, hp.lse, nullptr, nullptr, nullptr, nullptr,
+                                       flashattn::detail::Direction::kForward, cpu_req, varlen ? cu_q.data() : nullptr,
+                                       varlen ? cu_k.data() : nullptr, used.empty() ? nullptr : used.data(), &prob);
+  ASSERT_TRUE(e.ok()) << e.message;
+
+  // Rows to check.
+  struct Row {
+    int64_t b, h, i;
+  };
+  std::vector<Row> rows;
+  const bool full = c.hq * rows_q <= kFullCheckRows;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t lq = prob.len_q(b);
+    for (int64_t h = 0; h < c.hq; ++h) {
+      if (full) {
+        for (int64_t i = 0; i < lq; ++i) rows.push_back({b, h, i});
+      } else if (lq > 0) {
+        rows.push_back({b, h, 0});
+        rows.push_back({b, h, lq - 1});
+      }
+    }
+  }
+  if (!full) {
+    std::uniform_int_distribution<int64_t> pick_b(0, batch - 1), pick_h(0, c.hq - 1);
+    for (int s = 0; s < kSampledRows; ++s) {
+      int64_t b = pick_b(rng);
+      if (prob.len_q(b) == 0) continue;
+      rows.push_back({b, pick_h(rng), std::uniform_int_distribution<int64_t>(0, prob.len_q(b) - 1)(rng)});
+    }
+  }
+
+  Errors err;
+  std::vector<double> exact(size_t(c.dv)), plain(size_t(c.dv));
+  for (const Row& r : rows) {
+    double lse_exact = 0, lse_plain = 0;
+    ref::forward_row(prob, ref::Rounding::kExact, r.b, r.h, r.i, exact.data(), &lse_exact);
+    ref::forward_row(prob, ref::Rounding::kStorage, r.b, r.h, r.i, plain.data(), &lse_plain);
+    const int64_t g = varlen ? cu_q[size_t(r.b)] + r.i : r.i;
+    const int64_t out_off = (varlen ? g : r.b * rows_q + g) * (c.hq * c.dv + pad) + r.h * c.dv;
+    const int64_t lse_off = varlen ? r.h * rows_q + g : (r.b * c.hq + r.h) * rows_q + g;
+    bool row_ok = true;
+    std::string why;
+    double row_ours = 0, row_plain = 0;
+    for (int64_t col = 0; col < c.dv; ++col) {
+      const double ours = from_storage(c.dtype, out[size_t(out_off + col)]);
+      const double eo = std::fabs(ours - exact[size_t(col)]);
+      if (std::isnan(ours) || std::isnan(eo)) row_ok = false, why = "NaN output";
+      row_ours = std::max(row_ours, eo);
+      row_plain = std::max(row_plain, std::fabs(plain[size_t(col)] - exact[size_t(col)]));
+    }
+    const double lo = lse[size_t(lse_off)];
+    double lse_ours_err = 0, lse_plain_err = 0;
+    if (std::isinf(lse_exact)) {
+      if (!(std::isinf(lo) && lo < 0)) row_ok = false, why = "fully masked row must have lse -inf, got " + std::to_string(lo);
+      if (row_ours != 0) row_ok = false, why = "fully masked row must be 0";
+    } else {
+      lse_ours_err = std::fabs(lo - lse_exact);
+      lse_plain_err = std::fabs(lse_plain - lse_exact);
+      if (std::isnan(lo)) row_ok = false, why = "NaN lse";
+    }
+    err.out_ours = std::max(err.out_ours, row_ours);
+    err.out_plain = std::max(err.out_plain, row_plain);
+    err.lse_ours = std::max(err.lse_ours, lse_ours_err);
+    err.lse_plain = std::max(err.lse_plain, lse_plain_err);
+    ++err.rows;
+    if (!row_ok) {
+      ++err.bad_rows;
+      if (err.first_bad.empty())
+        err.first_bad = "b" + std::to_string(r.b) + " h" + std::to_string(r.h) + " i" + std::to_string(r.i) + ": " + why;
+    }
+  }
+  // Tolerances use the worst plain error over the checked rows (as the FlashAttention tests do per tensor).
+  EXPECT_EQ(err.bad_rows, 0) << err.first_bad;
+  EXPECT_LE(err.out_ours, 2 * err.out_plain + kOutFloor)
+      << "out: ours " << err.out_ours << " plain " << err.out_plain << " over " << err.rows << " rows";
+  EXPECT_LE(err.lse_ours, 2 * err.lse_plain + kLseFloor)
+      << "lse: ours " << err.lse_ours << " plain " << err.lse_plain;
+  testing::Test::RecordProperty("out_err", std::to_string(err.out_ours));
+  testing::Test::RecordProperty("out_plain_err", std::to_string(err.out_plain));
+}
+
+std::vector<Case> forward_cases() {
+  std::vector<Case> v;
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {1023, 1024}, {1024, 1023}};
+  const int64_t hdims[] = {64, 128, 256, 72, 128, 64};
+  struct MaskKind {
+    const char* name;
+    bool causal;
+    fa_causal_alignment align;
+    int64_t wl, wr;
+  };
+  const MaskKind masks[] = {{"none", false, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
+                            {"causal_br", true, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
+                            {"causal_tl", true, FA_ALIGN_TOP_LEFT, -1, -1},
+                            {"window", false, FA_ALIGN_BOTTOM_RIGHT, 37, 5},
+                            {"window_left", true, FA_ALIGN_TOP_LEFT, 64, -1},
+                            {"window_right", false, FA_ALIGN_BOTTOM_RIGHT, -1, 3}};
+  for (fa_dtype dt : {FA_BFLOAT16, FA_FLOAT16}) {
+    int si = 0;
+    for (auto [sq, sk] : shapes) {
+      for (const MaskKind& m : masks) {
+        Case c;
+        c.dtype = dt;
+        c.sq = sq, c.sk = sk;
+        c.d = c.dv = hdims[si];
+        c.batch = sq * sk < 10000 ? 2 : 1;
+        c.causal = m.causal, c.align = m.align, c.wl = m.wl, c.wr = m.wr;
+        c.name = std::string(dt == FA_FLOAT16 ? "fp16" : "bf16") + "_" + std::to_string(sq) + "x" + std::to_string(sk) +
+                 "_d" + std::to_string(c.d) + "_" + m.name;
+        v.push_back(c);
+      }
+      ++si;
+    }
+  }
+  // Every head dim, both dtypes' most common masks.
+  for (int64_t d : {8, 32, 64, 72, 96, 120, 128, 160, 192, 256}) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.sq = 200, c.sk = 333, c.d = c.dv = d, c.causal = causal;
+      c.name = "hdim" + std::to_string(d) + (causal ? "_causal" : "_full");
+      v.push_back(c);
+    }
+  }
+  auto add = [&](Case c) { v.push_back(c); };
+  {  // dv != d
+    Case c; c.name = "d128_dv64"; c.sq = 150, c.sk = 300, c.d = 128, c.dv = 64; add(c);
+    c.name = "d64_dv128_causal"; c.d = 64, c.dv = 128, c.causal = true; add(c);
+    c.name = "d72_dv200_fp16"; c.dtype = FA_FLOAT16; c.d = 72, c.dv = 200, c.causal = false; add(c);
+  }
+  {  // GQA / MQA
+    Case c; c.sq = 130, c.sk = 260, c.d = c.dv = 64;
+    c.name = "gqa_8to1"; c.hq = 8, c.hkv = 1; add(c);
+    c.name = "gqa_6to2_causal"; c.hq = 6, c.hkv = 2, c.causal = true; add(c);
+    c.name = "mqa_4to1_d128"; c.hq = 4, c.hkv = 1, c.d = c.dv = 128, c.causal = false; add(c);
+  }
+  {  // softcap, ALiBi
+    Case c; c.sq = 177, c.sk = 301, c.d = c.dv = 128;
+    c.name = "softcap"; c.softcap = 5.f; add(c);
+    c.name = "softcap_causal_fp16"; c.dtype = FA_FLOAT16; c.causal = true; add(c);
+    c.softcap = 0.f; c.dtype = FA_BFLOAT16;
+    c.name = "alibi"; c.alibi = 1; c.causal = false; add(c);
+    c.name = "alibi_batch_causal"; c.alibi = 2; c.batch = 2; c.causal = true; add(c);
+    c.name = "alibi_softcap_window"; c.alibi = 1; c.softcap = 3.f; c.wl = 50, c.wr = 10; c.causal = false; add(c);
+  }
+  {  // varlen, seqused_k, strided
+    Case c; c.d = c.dv = 64;
+    c.name = "varlen"; c.lens_q = {1, 17, 0, 239, 128, 300}; c.lens_k = {1, 33, 5, 239, 1, 129}; add(c);
+    c.name = "varlen_causal_d128"; c.d = c.dv = 128; c.causal = true; add(c);
+    c.name = "varlen_window_tl_gqa"; c.hq = 4, c.hkv = 2; c.causal = false; c.wl = 20, c.wr = 20; c.align = FA_ALIGN_TOP_LEFT; add(c);
+    Case u; u.d = u.dv = 128; u.batch = 3; u.sq = 70, u.sk = 200;
+    u.name = "seqused_k"; u.used_k = {0, 77, 200}; add(u);
+    u.name = "seqused_k_causal_varlen"; u.lens_q = {50, 64, 3}; u.lens_k = {100, 64, 130}; u.used_k = {60, 0, 130}; u.causal = true; add(u);
+    Case s; s.sq = 97, s.sk = 143, s.d = s.dv = 64; s.row_pad = 8; s.hq = 3, s.hkv = 3;
+    s.name = "strided_rows"; add(s);
+  }
+  return v;
+}
+
+class Forward : public testing::TestWithParam<Case> {};
+TEST_P(Forward, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  run_case(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Sm80, Forward, testing::ValuesIn(forward_cases()), case_name);
+
+// The small subset for compute-sanitizer (memcheck, racecheck): every kernel path at sizes that run fast
+// under instrumentation. --gtest_filter='Sanitizer*'
+std::vector<Case> sanitizer_cases() {
+  std::vector<Case> v;
+  for (int64_t d : {64, 128, 256}) {
+    Case c; c.sq = 130, c.sk = 70, c.d = c.dv = d;
+    c.name = "d" + std::to_string(d) + "_full"; v.push_back(c);
+    c.name = "d" + std::to_string(d) + "_causal"; c.causal = true; v.push_back(c);
+  }
+  Case c; c.d = c.dv = 72; c.lens_q = {3, 140}; c.lens_k = {70, 9}; c.wl = 10, c.wr = 4; c.alibi = 1; c.softcap = 2.f;
+  c.name = "varlen_window_alibi_softcap_d72"; v.push_back(c);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Sanitizer, Forward, testing::ValuesIn(sanitizer_cases()), case_name);
+
+// ----------------------------------------------------------------------------- CUDA-specific validation
+struct SmallCall {
+  DeviceBuffer<uint16_t> buf{4096 * 8};
+  fa_fwd_params p{};
+  SmallCall(fa_dtype dt = FA_BFLOAT16) {
+    p.attn = fa_attention_default();
+    int64_t s[4] = {1, 16, 2, 64};
+    char* base = reinterpret_cast<char*>(buf.ptr);
+    p.attn.q = fa_make_tensor(base, dt, FA_DEVICE_CUDA, 4, s);
+    p.attn.k = fa_make_tensor(base + 8192, dt, FA_DEVICE_CUDA, 4, s);
+    p.attn.v = fa_make_tensor(base + 16384, dt, FA_DEVICE_CUDA, 4, s);
+    p.out = fa_make_tensor(base + 24576, dt, FA_DEVICE_CUDA, 4, s);
+  }
+};
+
+TEST(Sm80Validation, Float32IsUnsupported) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call(FA_FLOAT32);
+  EXPECT_EQ(fa_forward(&call.p, nullptr), FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find("float32"), std::string::npos) << fa_last_error();
+}
+
+TEST(Sm80Validation, MisalignedPointer) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  call.p.attn.k.data = static_cast<char*>(call.p.attn.k.data) + 2;  // element-aligned, not 16-byte aligned
+  EXPECT_EQ(fa_forward(&call.p, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  const std::string msg = fa_last_error();
+  EXPECT_NE(msg.find("k:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("16 bytes"), std::string::npos) << msg;
+}
+
+TEST(Sm80Validation, StrideNotMultipleOf8) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  call.p.attn.v.stride[2] = 68;  // heads 68 elements apart: rows of V not on 16-byte boundaries
+  call.p.attn.v.stride[1] = 136;
+  call.p.attn.v.stride[0] = 16 * 136;
+  EXPECT_EQ(fa_forward(&call.p, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  const std::string msg = fa_last_error();
+  EXPECT_NE(msg.find("v:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("multiple of 8"), std::string::npos) << msg;
+}
+
+TEST(Sm80Validation, HostPointerLabelledCuda) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  alignas(16) static uint16_t host[16 * 2 * 64];
+  call.p.attn.q.data = host;
+  EXPECT_EQ(fa_forward(&call.p, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("q:"), std::string::npos) << fa_last_error();
+}
+
+TEST(Sm80Validation, VarlenDuringGraphCaptureIsRejected) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  DeviceBuffer<int32_t> cu(2);
+  cu.upload({0, 16});
+  int64_t s3[3] = {16, 2, 64};
+  for (fa_tensor* t : {&call.p.attn.q, &call.p.attn.k, &call.p.attn.v, &call.p.out}) {
+    void* d = t->data;
+    *t = fa_make_tensor(d, FA_BFLOAT16, FA_DEVICE_CUDA, 3, s3);
+  }
+  call.p.attn.cu_seqlens_q = vec_i32(cu.ptr, FA_DEVICE_CUDA, 2);
+  call.p.attn.cu_seqlens_k = vec_i32(cu.ptr, FA_DEVICE_CUDA, 2);
+  call.p.attn.max_seqlen_q = call.p.attn.max_seqlen_k = 16;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  fa_exec exec = fa_exec_default();
+  exec.stream = stream;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  const fa_status st = fa_forward(&call.p, &exec);
+  const std::string msg = fa_last_error();
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(st, FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("capturing"), std::string::npos) << msg;
+  // And outside capture the same call runs.
+  EXPECT_EQ(fa_forward(&call.p, nullptr), FA_OK) << fa_last_error();
+}
+
+TEST(Sm80Validation, TileShapeReported) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  int bq = 0, bk = 0;
+  fa_forward_tile_shape(&call.p, nullptr, &bq, &bk);
+  EXPECT_GT(bq, 0);
+  EXPECT_GT(bk, 0);
+}
+
+}  // namespace

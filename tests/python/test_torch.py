@@ -1,0 +1,440 @@
+"""The flash_attn-compatible torch API: autograd against float64 torch math, the custom ops under
+torch.compile(fullgraph=True), CUDA-graph capture/replay, packed and varlen forms, non-contiguous inputs.
+
+Skipped when torch is not importable (CI installs only numpy and pytest); the CUDA tests are skipped
+without a CUDA device and a CUDA build of flashattn. Tolerance as everywhere: error <= 2x the error of a
+plain implementation in the storage dtype (torch math in that dtype) against float64, plus a floor.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashattn  # noqa: E402
+from flashattn import ops  # noqa: E402
+from flashattn import (  # noqa: E402
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
+
+HAS_CUDA = torch.cuda.is_available() and ops.cuda_available()
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of flashattn")
+
+
+def _cuda_backward_built():
+    """Whether the CUDA backend of this build implements the backward (the forward came first)."""
+    if not HAS_CUDA:
+        return False
+    x = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse = torch.ops.flashattn.fwd(x, x, x, None, None, None, 0, 0, None, False, False, -1, -1, 0.0, None,
+                                       0.0, False)
+    try:
+        torch.ops.flashattn.bwd(out, x, x, x, out, lse, None, None, None, 0, 0, None, False, False, -1, -1, 0.0,
+                                None, 0.0, False)
+    except NotImplementedError as e:
+        return "backward is not implemented" not in str(e)
+    return True
+
+
+HAS_CUDA_BACKWARD = _cuda_backward_built()
+requires_cuda_backward = pytest.mark.skipif(
+    not HAS_CUDA_BACKWARD, reason="needs a CUDA build whose backend implements the backward")
+
+# Floors of the tolerance per storage dtype (as fa_reference.STORAGE_EPS and the core's Comparison).
+STORAGE_EPS = {torch.float32: 1e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def math_attention(q, k, v, causal=False, top_left=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None,
+                   dtype=torch.float64):
+    """Unfused attention in `dtype` (float64: the reference; the storage dtype: the plain implementation).
+    Layout (B, S, H, D); returns (out in q's layout, lse (B, H, Sq) float32-comparable)."""
+    qf, kf, vf = (x.to(dtype) for x in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    kf, vf = kf.repeat_interleave(group, dim=2), vf.repeat_interleave(group, dim=2)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = torch.einsum("bihd,bjhd->bhij", qf, kf) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = q.shape[1], k.shape[1]
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    diag = i + (0 if top_left else sk - sq)
+    if alibi is not None:
+        slopes = alibi.to(dtype)
+        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
+        s = s - slopes * (diag - j).abs().to(dtype)
+    left, right = window
+    if causal:
+        right = 0
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if left >= 0:
+        visible &= j >= diag - left
+    if right >= 0:
+        visible &= j <= diag + right
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s.float() if dtype != torch.float64 else s, dim=-1)
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("bhij,bjhd->bihd", p, vf), lse
+
+
+def max_err(got, want):
+    got, want = got.detach().double(), want.detach().double()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if torch.isnan(got).any():
+        return float("inf")
+    return (got - want).abs().max().item() if got.numel() else 0.0
+
+
+def assert_close(name, got, exact, plain, dtype):
+    err, err_plain = max_err(got, exact), max_err(plain, exact)
+    tol = 2 * err_plain + STORAGE_EPS[dtype] * max(1.0, exact.detach().abs().max().item() if exact.numel() else 1.0)
+    assert err <= tol, f"{name}: max error {err:.3e} > tolerance {tol:.3e} (plain {dtype} error {err_plain:.3e})"
+
+
+def make(shape, dtype, device, seed, requires_grad=True):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+    return x.requires_grad_(requires_grad)
+
+
+MASKS = {
+    "none": {},
+    "causal": dict(causal=True),
+    "causal_top_left": dict(causal=True, causal_alignment="top_left"),
+    "window": dict(window_size=(6, 2)),
+    "softcap": dict(softcap=4.0),
+    "alibi": dict(alibi=True),
+    "all": dict(causal=True, window_size=(11, -1), softcap=2.5, alibi=True),
+}
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim): Sq <= Sk, so that no row is fully masked
+# (torch's softmax gives NaN there, flash_attn 0).
+SHAPES = [(2, 17, 17, 4, 2, 64), (1, 33, 97, 2, 1, 128), (2, 1, 40, 2, 2, 32)]
+
+
+def check_attention(device, dtype, shape, mask, backward=True):
+    b, sq, sk, hq, hkv, d = shape
+    q, k, v = make((b, sq, hq, d), dtype, device, 1), make((b, sk, hkv, d), dtype, device, 2), make((b, sk, hkv, d), dtype, device, 3)
+    dout = make((b, sq, hq, d), dtype, device, 4, requires_grad=False)
+    mask = dict(mask)
+    alibi = torch.rand(hq, device=device, dtype=torch.float32) * 0.5 + 0.1 if mask.pop("alibi", False) else None
+    out, lse, probs = flash_attn_func(q, k, v, alibi_slopes=alibi, return_attn_probs=True, **mask)
+    assert probs is None and lse.dtype == torch.float32 and lse.shape == (b, hq, sq)
+    grads = torch.autograd.grad(out, (q, k, v), dout) if backward else ()
+
+    ref_kw = dict(causal=mask.get("causal", False), top_left=mask.get("causal_alignment") == "top_left",
+                  window=mask.get("window_size", (-1, -1)), softcap=mask.get("softcap", 0.0), alibi=alibi)
+    results = {}
+    for label, math_dtype in (("exact", torch.float64), ("plain", dtype)):
+        o, l = math_attention(q, k, v, dtype=math_dtype, **ref_kw)
+        results[label] = (o, l) + (torch.autograd.grad(o, (q, k, v), dout.to(math_dtype)) if backward else ())
+    names = ("out", "lse", "dq", "dk", "dv")
+    for i, (name, got) in enumerate(zip(names, (out, lse) + grads)):
+        assert_close(name, got, results["exact"][i], results["plain"][i], torch.float32 if name == "lse" else dtype)
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_autograd_cpu(shape, mask):
+    check_attention("cpu", torch.float32, shape, MASKS[mask])
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "all"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autograd_cpu_16_bit(dtype, mask):
+    """bfloat16 crosses DLPack as its own type code (numpy has none, so only torch tests it on the CPU)."""
+    check_attention("cpu", dtype, SHAPES[0], MASKS[mask])
+
+
+@requires_cuda
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_forward_cuda(dtype, shape, mask):
+    check_attention("cuda", dtype, shape, MASKS[mask], backward=False)
+
+
+@requires_cuda_backward
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autograd_cuda(dtype, shape, mask):
+    check_attention("cuda", dtype, shape, MASKS[mask])
+
+
+def _devices_dtypes():
+    return [pytest.param("cpu", torch.float32, id="cpu-float32"),
+            pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=requires_cuda)]
+
+
+def can_backward(device):
+    """The gradient parts of the tests below run where the backend has a backward (the CUDA one came
+    later); test_autograd_cuda's skip reports when it has not."""
+    return device == "cpu" or HAS_CUDA_BACKWARD
+
+
+DEVICES_DTYPES = _devices_dtypes()
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
+def test_non_contiguous_inputs(device, dtype):
+    """Transposed (B, H, S, D) storage and a non-unit last stride give the same result as contiguous inputs."""
+    b, s, h, d = 2, 29, 4, 64
+    q = make((b, h, s, d), dtype, device, 5).transpose(1, 2)
+    k = make((b, s, h, 2 * d), dtype, device, 6)[..., ::2]
+    v = make((b, h, s, d), dtype, device, 7).transpose(1, 2)
+    assert not q.is_contiguous() and k.stride(-1) == 2
+    out = flash_attn_func(q, k, v, causal=True)
+    qc, kc, vc = (x.detach().contiguous().requires_grad_() for x in (q, k, v))
+    out_c = flash_attn_func(qc, kc, vc, causal=True)
+    assert torch.equal(out, out_c)
+    if can_backward(device):
+        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))  # expanded (stride 0) dout
+        grads_c = torch.autograd.grad(out_c, (qc, kc, vc), torch.ones_like(out_c))
+        for a, c in zip(grads, grads_c):
+            assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
+def test_packed_forms_equal_unpacked(device, dtype):
+    b, s, h, d = 2, 21, 2, 32
+    qkv = make((b, s, 3, h, d), dtype, device, 8)
+    out = flash_attn_qkvpacked_func(qkv, causal=True)
+    ref = flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+    assert torch.equal(out, ref)
+    if can_backward(device):
+        (g,) = torch.autograd.grad(out.sum(), qkv)
+        assert g.shape == qkv.shape and torch.isfinite(g).all() and g.abs().sum() > 0
+    q = make((b, s, 2 * h, d), dtype, device, 9)
+    kv = make((b, s + 5, 2, h, d), dtype, device, 10)
+    assert torch.equal(flash_attn_kvpacked_func(q, kv), flash_attn_func(q, kv[:, :, 0], kv[:, :, 1]))
+
+
+def varlen_case(device, dtype, lens_q, lens_k, hq=4, hkv=2, d=64):
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=device)
+    q = make((int(cu_q[-1]), hq, d), dtype, device, 11)
+    k = make((int(cu_k[-1]), hkv, d), dtype, device, 12)
+    v = make((int(cu_k[-1]), hkv, d), dtype, device, 13)
+    return cu_q, cu_k, q, k, v
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_matches_per_sequence(device, dtype, causal):
+    lens_q, lens_k = [7, 1, 40, 16], [7, 30, 40, 16]
+    cu_q, cu_k, q, k, v = varlen_case(device, dtype, lens_q, lens_k)
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                         return_attn_probs=True)
+    assert lse.shape == (q.shape[1], q.shape[0])
+    dout = make(out.shape, dtype, device, 14, requires_grad=False)
+    backward = can_backward(device)
+    if backward:
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    # Per sequence, the same kernels see the same rows; only the accumulation order may differ.
+    for b in range(len(lens_q)):
+        sq, sk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        qb, kb, vb = (x.detach()[r][None].requires_grad_() for x, r in ((q, sq), (k, sk), (v, sk)))
+        ob, lb, _ = flash_attn_func(qb, kb, vb, causal=causal, return_attn_probs=True)
+        exact = math_attention(qb, kb, vb, causal=causal)[0]
+        tol = 4 * STORAGE_EPS[dtype] * max(1.0, exact.abs().max().item())
+        assert max_err(out[sq], ob[0]) <= tol and max_err(lse[:, sq], lb[0]) <= 1e-5
+        if backward:
+            gb = torch.autograd.grad(ob, (qb, kb, vb), dout[sq][None])
+            for got, want in zip((dq[sq], dk[sk], dv[sk]), gb):
+                assert max_err(got, want[0]) <= 4 * STORAGE_EPS[dtype] * max(1.0, want.abs().max().item())
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
+def test_varlen_packed_forms(device, dtype):
+    lens = [5, 18, 9]
+    cu, _, q, k, v = varlen_case(device, dtype, lens, lens, hq=2, hkv=2, d=32)
+    qkv = torch.stack([q.detach(), k.detach(), v.detach()], dim=1).requires_grad_()
+    out = flash_attn_varlen_qkvpacked_func(qkv, cu, max(lens), causal=True)
+    assert torch.equal(out, flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True))
+    kv = qkv[:, 1:]
+    assert torch.equal(flash_attn_varlen_kvpacked_func(q, kv, cu, cu, max(lens), max(lens)),
+                       flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens)))
+
+
+def test_unsupported_arguments_raise():
+    q = make((1, 4, 1, 16), torch.float32, "cpu", 15)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flash_attn_func(q, q, q, dropout_p=0.1)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 4, 4, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="head_dim"):
+        flash_attn_func(q[..., :12], q[..., :12], q[..., :12])
+    with pytest.raises(ValueError, match="causal_alignment"):
+        flash_attn_func(q, q, q, causal=True, causal_alignment="diagonal")
+
+
+def opcheck_args(device, dtype, requires_grad):
+    q, k, v = (make((2, 9, 2, 16), dtype, device, s, requires_grad) for s in (16, 17, 18))
+    return (q, k, v, None, None, None, 0, 0, None, True, False, -1, -1, 0.0, None, 0.0, False)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
+def test_opcheck(device, dtype):
+    """torch.library.opcheck: schema, fake (meta) implementation, autograd registration, dispatch."""
+    args = opcheck_args(device, dtype, requires_grad=can_backward(device))
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, args)
+    out, lse = torch.ops.flashattn.fwd(*args)
+    dout = torch.randn_like(out)
+    # The backward has no derivative of its own (no double backward), so it is checked without grads.
+    q, k, v = (x.detach() for x in args[:3])
+    if can_backward(device):
+        torch.library.opcheck(torch.ops.flashattn.bwd.default, (dout, q, k, v, out.detach(), lse.detach()) + args[3:])
+
+
+class TinyAttention(torch.nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, dim = x.shape
+        qkv = self.qkv(x).view(b, s, 3, self.heads, dim // self.heads)
+        out = flash_attn_qkvpacked_func(qkv, causal=True, softcap=3.0)
+        return self.proj(out.reshape(b, s, dim))
+
+
+@pytest.mark.parametrize("device,dtype,backend", [
+    pytest.param("cpu", torch.float32, "aot_eager", id="cpu-aot_eager"),
+    pytest.param("cuda", torch.bfloat16, "inductor", id="cuda-inductor", marks=requires_cuda),
+])
+def test_torch_compile_fullgraph_inference(device, dtype, backend):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyAttention(128, 2).to(device=device, dtype=dtype)
+    x = make((2, 37, 128), dtype, device, 19, requires_grad=False)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    with torch.no_grad():
+        y_eager, y = model(x), compiled(x)
+    assert max_err(y, y_eager) <= 4 * STORAGE_EPS[dtype] * max(1.0, y_eager.abs().max().item())
+
+
+@pytest.mark.parametrize("device,dtype,backend", [
+    pytest.param("cpu", torch.float32, "aot_eager", id="cpu-aot_eager"),
+    pytest.param("cuda", torch.bfloat16, "inductor", id="cuda-inductor", marks=requires_cuda_backward),
+])
+def test_torch_compile_fullgraph(device, dtype, backend):
+    """fullgraph=True fails on any graph break; the compiled model must match eager, gradients included."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyAttention(128, 2).to(device=device, dtype=dtype)
+    x = make((2, 37, 128), dtype, device, 19)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    y_eager = model(x)
+    g_eager = torch.autograd.grad(y_eager.sum(), (x, *model.parameters()))
+    y = compiled(x)
+    g = torch.autograd.grad(y.sum(), (x, *model.parameters()))
+    # Same kernels; inductor may fuse the surrounding pointwise ops differently (one rounding apart).
+    tol = 4 * STORAGE_EPS[dtype]
+    assert max_err(y, y_eager) <= tol * max(1.0, y_eager.abs().max().item())
+    for a, b in zip(g, g_eager):
+        assert max_err(a, b) <= tol * max(1.0, b.abs().max().item())
+
+
+@requires_cuda
+def test_cuda_graph_forward_capture_and_replay():
+    dtype, device = torch.bfloat16, "cuda"
+    shape = (2, 64, 4, 64)
+    static = [make(shape, dtype, device, s, requires_grad=False) for s in (50, 51, 52)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            flash_attn_func(*static, causal=True, window_size=(32, -1))
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = flash_attn_func(*static, causal=True, window_size=(32, -1))
+    for seed in (60, 70):
+        fresh = [make(shape, dtype, device, seed + i, requires_grad=False) for i in range(3)]
+        for s, f in zip(static, fresh):
+            s.copy_(f)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, flash_attn_func(*fresh, causal=True, window_size=(32, -1)))
+
+
+@requires_cuda_backward
+def test_cuda_graph_capture_and_replay():
+    """Forward and backward captured in one CUDA graph; replays on new inputs match eager calls."""
+    dtype, device = torch.bfloat16, "cuda"
+    shape = (2, 64, 4, 64)
+    static = [make(shape, dtype, device, s) for s in (20, 21, 22)]
+    static_dout = make(shape, dtype, device, 23, requires_grad=False)
+
+    def step():
+        out = flash_attn_func(*static, causal=True)
+        return (out,) + torch.autograd.grad(out, static, static_dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs requires
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_results = step()
+    for seed in (30, 40):
+        fresh = [make(shape, dtype, device, seed + i, requires_grad=False) for i in range(3)]
+        dout = make(shape, dtype, device, seed + 3, requires_grad=False)
+        with torch.no_grad():
+            for s, f in zip(static, fresh):
+                s.copy_(f)
+            static_dout.copy_(dout)
+        graph.replay()
+        torch.cuda.synchronize()
+        q, k, v = (f.clone().requires_grad_() for f in fresh)
+        out = flash_attn_func(q, k, v, causal=True)
+        eager = (out,) + torch.autograd.grad(out, (q, k, v), dout)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), static_results, eager):
+            assert torch.equal(a, b), name
+
+
+@requires_cuda
+def test_runs_on_the_current_stream():
+    q, k, v = (make((1, 256, 8, 128), torch.bfloat16, "cuda", s, requires_grad=False) for s in (24, 25, 26))
+    expected = flash_attn_func(q, k, v)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = flash_attn_func(q, k, v)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(out, expected)
+
+
+@requires_cuda
+def test_cuda_errors():
+    q = make((1, 8, 2, 64), torch.bfloat16, "cuda", 27, requires_grad=False)
+    with pytest.raises(ValueError, match="k: must be on the same device as q"):
+        flash_attn_func(q, q.cpu(), q)
+    with pytest.raises(NotImplementedError, match="float32"):
+        flash_attn_func(q.float(), q.float(), q.float())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or ops.built_with_cuda,
+                    reason="for a CPU-only build on a machine with a CUDA device")
+def test_cuda_tensors_on_a_cpu_only_build():
+    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="no CUDA backend"):
+        flash_attn_func(q, q, q)
+
+
+def test_lazy_torch_import():
+    assert "flash_attn_func" in dir(flashattn)
+    with pytest.raises(AttributeError):
+        flashattn.no_such_function  # noqa: B018
