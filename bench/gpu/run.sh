@@ -46,6 +46,8 @@ MODE=$([[ $QUICK == 1 ]] && echo quick || echo full)
 QFLAG=$([[ $QUICK == 1 ]] && echo --quick || true)
 PY=$(command -v python3)
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+# A build made on another machine may record a different CUDA library folder in its run path.
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 T0=$(date +%s)
 STATUS=0
 skip() { [[ ",$SKIP," == *",$1,"* ]]; }
