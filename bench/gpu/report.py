@@ -74,7 +74,7 @@ def markdown(out_dir, work, rows):
     L.append(f"Build: {build.get('summary', 'n/a')}  ")
     L.append(f"Python package: {build.get('python', 'n/a')}")
     L += ["", "## Correctness", ""]
-    L.append(f"- C++ GPU suite (`ctest -L gpu`): {ctest.get('gpu', 'n/a') if ctest else 'n/a'}")
+    L.append(f"- C++ GPU suite: {ctest.get('gpu', 'n/a') if ctest else 'n/a'}")
     L.append(f"- C++ CPU suite (`ctest -LE gpu`): {ctest.get('cpu', 'n/a') if ctest else 'n/a'}")
     if check:
         L.append(f"- Python GPU suite (check.py, {check.get('mode')}, seed {check.get('seed')}): "
