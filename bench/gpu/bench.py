@@ -110,8 +110,16 @@ def shapes(quick: bool):
                     yield dt, hdim, causal, s
 
 
-def attention_rows(b: Bench, ours, quick: bool):
+def attention_rows(b: Bench, ours, quick: bool, deadline: float) -> bool:
+    """Times every shape; returns False when it stopped at the deadline (the rest are reported as skipped)."""
+    # One shape costs about 5 timings of (warm-up + repeats) plus setup; stop when the next might not fit.
+    per_shape_s = 5 * (b.warmup + b.rep) / 1000 * 2
     for dt, hdim, causal, seqlen in shapes(quick):
+        if time.time() + per_shape_s > deadline:
+            print(f"# out of time: stopped before {dt} d{hdim} causal={int(causal)} seqlen={seqlen}", flush=True)
+            b.row(kind="fwd", backend="ours", dtype=dt, hdim=hdim, causal=int(causal), seqlen=seqlen, ms="NA",
+                  note="not measured: the run's time budget ran out")
+            return False
         dtype = common.DTYPES[dt]
         heads, batch = MODEL_DIM // hdim, TOKENS // seqlen
         q = torch.randn(batch, seqlen, heads, hdim, device=DEV, dtype=dtype)
@@ -154,6 +162,7 @@ def attention_rows(b: Bench, ours, quick: bool):
             b.row(kind="fwd", backend="ours", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
         del q, k, v, fa2_out
         torch.cuda.empty_cache()
+    return True
 
 
 def memory_rows(b: Bench, ours):
@@ -197,6 +206,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: stop adding shapes")
     a = ap.parse_args()
     info = common.env_info()
     print("# " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
@@ -206,8 +216,8 @@ def main():
     b = Bench(a.csv, warmup_ms=25 if a.quick else 50, rep_ms=100 if a.quick else 200)
     t0 = time.time()
     ceilings(b)
-    attention_rows(b, ours, a.quick)
-    memory_rows(b, ours)
+    if attention_rows(b, ours, a.quick, a.deadline):
+        memory_rows(b, ours)
     print(f"# bench done in {time.time() - t0:.0f} s", flush=True)
 
 

@@ -12,6 +12,9 @@
 #   --archs       CUDA architectures to build (default 90a: the H200); the sm80 (FA2) family is built for the
 #                 same architectures without the 'a' (FLASHATTN_SM80_ARCHS), so it runs natively there
 #   --skip        any of build,ctest,check,sanitize,bench (to rerun a part)
+#   --budget S    seconds the whole run may take (default 570: the device tool's 600 s call limit less a
+#                 margin); the C++ suites and the Python suite get timeouts from it, and the benchmarks stop
+#                 adding shapes in time for the report to be written
 #   --mock        test the harness itself: 'ours' is bench/gpu/mock (torch's plain implementation), whatever
 #                 was built; its rows say nothing about our kernels
 # Dependencies the machine cannot download come from the repo's ignored .whl/ folder (bench/README.md):
@@ -24,7 +27,7 @@ set -uo pipefail
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 && $1 != -* ]] || usage
 OUTDIR=$1; shift
-QUICK=0; BUILD_DIR=""; ARCHS="90a"; JOBS=$(nproc); SKIP=""; MOCK=0
+QUICK=0; BUILD_DIR=""; ARCHS="90a"; JOBS=$(nproc); SKIP=""; MOCK=0; BUDGET=570
 while [[ $# -gt 0 ]]; do
   case $1 in
     --quick) QUICK=1 ;;
@@ -33,6 +36,7 @@ while [[ $# -gt 0 ]]; do
     --jobs) JOBS=$2; shift ;;
     --skip) SKIP=$2; shift ;;
     --mock) MOCK=1 ;;
+    --budget) BUDGET=$2; shift ;;
     *) usage ;;
   esac
   shift
@@ -49,6 +53,9 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 # A build made on another machine may record a different CUDA library folder in its run path.
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 T0=$(date +%s)
+DEADLINE=$(( T0 + BUDGET ))
+# Seconds left before the deadline less a reserve, never under a floor (a step always gets some time).
+left() { local l=$(( DEADLINE - $(date +%s) - $1 )); (( l < $2 )) && l=$2; echo $l; }
 STATUS=0
 skip() { [[ ",$SKIP," == *",$1,"* ]]; }
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -212,12 +219,13 @@ echo "{\"summary\": $(json_str "$BUILD_SUMMARY"), \"python\": $(json_str "$PY_SU
 # ------------------------------------------------------------------ a. C++ suites
 ctest_summary() {  # "N passed, M failed" from a ctest log, or why nothing ran
   if grep -q "No tests were found" "$1"; then echo "no tests with this label"; return; fi
-  local line
-  line=$(grep -E "tests passed, [0-9]+ tests? failed out of" "$1" | tail -1)
-  [[ -n $line ]] || { echo "did not run (see check.log)"; return; }
-  local total failed
-  total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line"); failed=$(sed -E 's/.* ([0-9]+) tests? failed.*/\1/' <<<"$line")
-  echo "$(( total - failed )) passed, $failed failed"
+  local line total failed
+  # CMake 3 prints "90% tests passed, 1 tests failed out of 10"; CMake 4 drops the middle part at 100%.
+  line=$(grep -E "[0-9]+% tests passed.* out of [0-9]+" "$1" | tail -1)
+  [[ -n $line ]] || { echo "did not finish (see check.log)"; return; }
+  total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")
+  failed=$(grep -oE "[0-9]+ tests? failed" <<<"$line" | grep -oE "^[0-9]+" || true)
+  echo "$(( total - ${failed:-0} )) passed, ${failed:-0} failed"
 }
 GPU_CT="not built"; CPU_CT="not built"; CTEST_PID=""
 if ! skip ctest && [[ -f $BUILD/CTestTestfile.cmake ]]; then
@@ -228,7 +236,8 @@ if ! skip ctest && [[ -f $BUILD/CTestTestfile.cmake ]]; then
   if [[ $QUICK == 1 ]]; then GPU_SEL=(-L "^sanitizer?$"); else GPU_SEL=(-L gpu -LE "^sanitizer?$"); fi
   GPU_CT_WHAT="ctest ${GPU_SEL[*]}"
   stamp "$GPU_CT_WHAT (in the background)" | tee -a "$CHECK_LOG"
-  ( ctest --test-dir "$BUILD" "${GPU_SEL[@]}" --output-on-failure --timeout 600 >"$WORK/ctest_gpu.log" 2>&1
+  # Per-test timeout: what is left once the benchmarks (3 min) are reserved, so a hung kernel cannot eat the run.
+  ( ctest --test-dir "$BUILD" "${GPU_SEL[@]}" --output-on-failure --timeout "$(left 180 60)" >"$WORK/ctest_gpu.log" 2>&1
     echo $? >"$WORK/ctest_gpu.rc" ) &
   CTEST_PID=$!
 fi
@@ -239,7 +248,8 @@ finish_ctest() {
   { echo "----- $GPU_CT_WHAT"; cat "$WORK/ctest_gpu.log"; } >>"$CHECK_LOG"
   GPU_CT="$(ctest_summary "$WORK/ctest_gpu.log") ($GPU_CT_WHAT)"
   stamp "ctest -LE gpu (CPU suites)" | tee -a "$CHECK_LOG"
-  ctest --test-dir "$BUILD" -LE gpu -j "$JOBS" --output-on-failure --timeout 300 >"$WORK/ctest_cpu.log" 2>&1 || STATUS=1
+  ctest --test-dir "$BUILD" -LE gpu -j "$JOBS" --output-on-failure --timeout "$(left 180 30)" >"$WORK/ctest_cpu.log" 2>&1 ||
+    STATUS=1
   tail -n 40 "$WORK/ctest_cpu.log" >>"$CHECK_LOG"
   CPU_CT=$(ctest_summary "$WORK/ctest_cpu.log")
   stamp "ctest: gpu $GPU_CT; cpu $CPU_CT" | tee -a "$CHECK_LOG"
@@ -248,7 +258,7 @@ finish_ctest() {
 # ------------------------------------------------------------------ b. Python GPU suite
 if ! skip check; then
   stamp "check.py $QFLAG" | tee -a "$CHECK_LOG"
-  timeout 600 "$PY" "$HERE/check.py" $QFLAG --json "$WORK/check.json" >>"$CHECK_LOG" 2>&1 || STATUS=1
+  timeout "$(left 240 60)" "$PY" "$HERE/check.py" $QFLAG --json "$WORK/check.json" >>"$CHECK_LOG" 2>&1 || STATUS=1
   stamp "$(grep -E '^# check:' "$CHECK_LOG" | tail -1)"
 fi
 
@@ -259,10 +269,12 @@ fi
 if ! skip sanitize; then
   stamp "compute-sanitizer" | tee -a "$SAN_LOG"
   # Each sanitizer run is bounded (instrumented code runs 10-100x slower): 45 s in --quick, 300 s in full.
-  "$PY" - "$WORK" "$BUILD" "$HERE" "$SAN_LOG" "$([[ $QUICK == 1 ]] && echo 45 || echo 300)" "$QUICK" <<'EOF' || STATUS=1
+  "$PY" - "$WORK" "$BUILD" "$HERE" "$SAN_LOG" "$([[ $QUICK == 1 ]] && echo 45 || echo 300)" "$QUICK" \
+    "$(( DEADLINE - 200 ))" <<'EOF' || STATUS=1
 import json, os, re, subprocess, sys, time
 work, build, here, log_path = sys.argv[1:5]
 limit_s, quick = int(sys.argv[5]), sys.argv[6] == "1"
+deadline = float(sys.argv[7])  # the benchmarks' share of the run's budget is kept free
 log = open(log_path, "a")
 runs, note, failed = [], "", False
 
@@ -272,7 +284,8 @@ def sanitize(tool, target, cmd, extra=()):
     log.write(f"$ {' '.join(full)}\n"); log.flush()
     t = time.time()
     try:
-        p = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=limit_s)
+        p = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=max(20, min(limit_s, deadline - time.time())))
         out, rc = p.stdout, p.returncode
     except subprocess.TimeoutExpired as e:
         out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
@@ -298,8 +311,11 @@ if not tests or not quick:
     probe = subprocess.run([sys.executable, os.path.join(here, "check.py"), "--kernel-filter"],
                            capture_output=True, text=True, timeout=300)
     log.write(probe.stdout + probe.stderr)
-    ours = "ours: not available" not in probe.stdout
-    if not ours and tests:
+    ours = probe.returncode == 0 and "ours: not available" not in probe.stdout
+    if probe.returncode != 0:
+        failed = True
+        note = f"check.py --kernel-filter failed (exit {probe.returncode}): Python cases not sanitised"
+    elif not ours and tests:
         note = "Python --tiny cases skipped: ours not available in Python"
     elif not ours:
         # Nothing of ours to check: still prove the tool and the summary parsing on torch's FA2 kernels.
@@ -334,7 +350,9 @@ echo "{\"gpu\": $(json_str "$GPU_CT"), \"cpu\": $(json_str "$CPU_CT")}" >"$WORK/
 # ------------------------------------------------------------------ d. benchmarks
 if ! skip bench; then
   stamp "bench.py $QFLAG" | tee -a "$BENCH_LOG"
-  timeout 900 "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG >>"$BENCH_LOG" 2>&1 || STATUS=1
+  # bench.py stops adding shapes at its deadline (the report needs ~15 s); timeout is the backstop.
+  timeout "$(left 5 30)" "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG --deadline $(( DEADLINE - 15 )) \
+    >>"$BENCH_LOG" 2>&1 || STATUS=1
   stamp "$(tail -1 "$BENCH_LOG")"
 fi
 
