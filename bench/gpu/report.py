@@ -87,8 +87,8 @@ def markdown(out_dir, work, rows):
     if san:
         for item in san.get("runs", []):
             L.append(f"- {item['tool']} on {item['target']}: {item['result']}")
-        if not san.get("runs"):
-            L.append(f"- {san.get('note', 'nothing ran')}")
+        if san.get("note") or not san.get("runs"):
+            L.append(f"- {san.get('note') or 'nothing ran'}")
     else:
         L.append("- did not run (see sanitizer.log)")
 

@@ -148,22 +148,28 @@ if ! skip build; then
   else
     extra=()
     [[ -n $CUTLASS ]] && extra+=("-DFLASHATTN_CUTLASS_DIR=$CUTLASS") || extra+=("-DFLASHATTN_CUDA=OFF")
+    pyext=()
     if [[ -f $REPO/python/CMakeLists.txt ]]; then
       # The extension is built in the same tree (the kernels compile once) for this machine's python3.
-      extra+=("-DFLASHATTN_PYTHON=ON" "-DPython_EXECUTABLE=$PY" "-Dnanobind_DIR=$("$PY" -m nanobind --cmake_dir 2>/dev/null)")
+      pyext=("-DFLASHATTN_PYTHON=ON" "-DPython_EXECUTABLE=$PY" "-Dnanobind_DIR=$("$PY" -m nanobind --cmake_dir 2>/dev/null)")
     fi
     read -r -a gt <<<"$(gtest_args 2>>"$BUILD_LOG")"
+    # Configured when cmake succeeds, or when it reports an error but still wrote build.ninja (a generate-time
+    # complaint about one target need not stop the rest); then fewer parts until something configures.
     configure() {
+      rm -rf "$BUILD"
+      echo "+ configure $*" >>"$BUILD_LOG"
       cmake -S "$REPO" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNELS=default \
-        -DFLASHATTN_CUDA_ARCHS="$ARCHS" -DFLASHATTN_SM80_ARCHS="${ARCHS//a/}" "${extra[@]}" "${gt[@]}" "$@" \
-        >>"$BUILD_LOG" 2>&1
+        -DFLASHATTN_CUDA_ARCHS="$ARCHS" -DFLASHATTN_SM80_ARCHS="${ARCHS//a/}" "${extra[@]}" "$@" >>"$BUILD_LOG" 2>&1 ||
+        { [[ -f $BUILD/build.ninja ]] && CONFIG_NOTE+=" (cmake reported errors, see build.log)"; }
     }
-    tests_note=""
-    if ! configure; then
-      # Most likely GoogleTest is missing: still build the library, the package and the benchmarks.
-      tests_note=" (configure failed with tests; C++ tests off)"
-      rm -rf "$BUILD"; configure -DFLASHATTN_TESTS=OFF || STATUS=1
+    CONFIG_NOTE=""
+    if configure "${pyext[@]}" "${gt[@]}"; then :
+    elif [[ ${#pyext[@]} -gt 0 ]] && configure "${gt[@]}"; then CONFIG_NOTE+=" (Python extension off: its configure failed)"
+    elif configure -DFLASHATTN_TESTS=OFF; then CONFIG_NOTE+=" (Python extension and C++ tests off: their configure failed)"
+    else STATUS=1; CONFIG_NOTE+=" (CONFIGURE FAILED)"
     fi
+    tests_note=$CONFIG_NOTE
     tb=$(date +%s)
     if cmake --build "$BUILD" -j "$JOBS" >>"$BUILD_LOG" 2>&1; then
       BUILD_SUMMARY="built here in $(( $(date +%s) - tb )) s with $JOBS jobs, archs $ARCHS, kernels default$tests_note"
