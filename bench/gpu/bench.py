@@ -196,7 +196,7 @@ def memory_rows(b: Bench, ours):
             except Exception as e:
                 mib, note = "NA", f"{type(e).__name__}: {str(e)[:60]}"
             b.row(kind="memory", backend=name, dtype="bf16", hdim=128, causal=1, seqlen=shape[1], batch=1,
-                  heads=shape[2], tflops=mib, note=(note or f"peak_extra_MiB {direction}"))
+                  heads=shape[2], tflops=mib, note=f"peak_extra_MiB {direction}" + (f": {note}" if note else ""))
             del q, k, v
             o = None
             torch.cuda.empty_cache()

@@ -113,7 +113,9 @@ def markdown(out_dir, work, rows):
               "| backend | fwd | fwd+bwd |", "|---|---|---|"]
         per = defaultdict(dict)
         for r in mem:
-            per[r["backend"]]["fwd+bwd" if "fwd+bwd" in r["note"] else "fwd"] = r["tflops"] or r["note"]
+            direction = r["note"].split()[1].rstrip(":") if r["note"].startswith("peak_extra_MiB") else "fwd"
+            value = r["tflops"] if num(r["tflops"]) is not None else "n/a (" + r["note"].partition(": ")[2] + ")"
+            per[r["backend"]][direction] = value
         for name, v in per.items():
             L.append(f"| {ours_col if name == 'ours' else LABEL.get(name, name)} | {v.get('fwd', 'n/a')} | {v.get('fwd+bwd', 'n/a')} |")
     ceil = [r for r in rows if r["kind"] == "ceiling"]

@@ -79,7 +79,10 @@ def sh(cmd):
         return "?"
 info["driver"] = sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1") or "?"
 info["nvcc"] = sh("nvcc --version | sed -n 's/.*release \\([0-9.]*\\).*/\\1/p'") or "?"
-info["commit"] = sh(f"git -C {sys.argv[3]} rev-parse --short HEAD 2>/dev/null") or "(not a git checkout)"
+# The device tool sends the tree without .git: the caller names the commit (FLASHATTN_COMMIT=...).
+import os
+info["commit"] = (os.environ.get("FLASHATTN_COMMIT") or sh(f"git -C {sys.argv[3]} rev-parse --short HEAD 2>/dev/null")
+                  or "(not a git checkout; set FLASHATTN_COMMIT)")
 info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 info["mode"] = sys.argv[2]
 json.dump(info, open(sys.argv[1], "w"))
