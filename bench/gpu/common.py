@@ -25,6 +25,8 @@ class Ours:
     reason: str  # why it is not available ("" when it is)
     supports_out: bool = False  # flash_attn_func(..., out=) lets us pass a NaN-filled output buffer
     alignment_kw: Optional[str] = None  # the keyword that picks top-left causal alignment, if any
+    # flashattn.ops.forward/backward take caller-owned out/lse/dq/dk/dv buffers: the strict poisoning path
+    ops_buffers: bool = False
 
     @property
     def ok(self) -> bool:
@@ -42,7 +44,13 @@ def load_ours(device: str = "cuda") -> Ours:
         return Ours(None, "flashattn has no flash_attn_func")
     params = inspect.signature(flashattn.flash_attn_func).parameters
     align = next((p for p in params if "align" in p), None)
-    ours = Ours(flashattn, "", supports_out="out" in params, alignment_kw=align)
+    ops = getattr(flashattn, "ops", None)
+
+    def takes(fn, name):
+        return fn is not None and name in inspect.signature(fn).parameters
+
+    ops_buffers = takes(getattr(ops, "forward", None), "out") and takes(getattr(ops, "backward", None), "dq")
+    ours = Ours(flashattn, "", supports_out="out" in params, alignment_kw=align, ops_buffers=ops_buffers)
     try:
         q = torch.randn(1, 8, 1, 64, device=device, dtype=torch.bfloat16)
         o = flashattn.flash_attn_func(q, q, q)
