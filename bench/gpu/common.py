@@ -18,6 +18,12 @@ import torch
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def sync(device: str):
+    """Waits for the device's queued work (CUDA calls are asynchronous; CPU calls return when done)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 # ----------------------------------------------------------------------------- our package
 @dataclasses.dataclass
 class Ours:
@@ -54,7 +60,7 @@ def load_ours(device: str = "cuda") -> Ours:
     try:
         q = torch.randn(1, 8, 1, 64, device=device, dtype=torch.bfloat16)
         o = flashattn.flash_attn_func(q, q, q)
-        torch.cuda.synchronize()
+        sync(device)
         if o.shape != q.shape or not bool(torch.isfinite(o).all()):
             return Ours(None, f"smoke call returned shape {tuple(o.shape)} / non-finite values")
     except Exception as e:
