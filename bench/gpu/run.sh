@@ -6,12 +6,14 @@
 #   sanitizer.log bench.log; the device tool brings back at most 8).
 #
 # usage: bench/gpu/run.sh OUTDIR [--quick] [--build-dir DIR] [--archs LIST] [--jobs N] [--skip STEP,...]
-#   --quick       a few shapes (< 2 min after the build); without it the full record run
+#                          [--budget S] [--mock]
+#   --quick       a few shapes (about a minute after the build); without it the full record run
 #   --build-dir   a build folder made elsewhere (its paths are rewritten for ctest); default: configure and
 #                 build here with cmake -G Ninja -DFLASHATTN_KERNELS=default
 #   --archs       CUDA architectures to build (default 90a: the H200); the sm80 (FA2) family is built for the
 #                 same architectures without the 'a' (FLASHATTN_SM80_ARCHS), so it runs natively there
-#   --skip        any of build,ctest,check,sanitize,bench (to rerun a part)
+#   --skip        any of build,ctest,check,sanitize,bench (to rerun a part; without the build step 'ours'
+#                 is whatever `import flashattn` finds)
 #   --budget S    seconds the whole run may take (default 570: the device tool's 600 s call limit less a
 #                 margin); the C++ suites and the Python suite get timeouts from it, and the benchmarks stop
 #                 adding shapes in time for the report to be written
@@ -24,7 +26,7 @@
 # Exit status: 0 when every step that ran found nothing wrong.
 set -uo pipefail
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2; }
 [[ $# -ge 1 && $1 != -* ]] || usage
 OUTDIR=$1; shift
 QUICK=0; BUILD_DIR=""; ARCHS="90a"; JOBS=$(nproc); SKIP=""; MOCK=0; BUDGET=570
@@ -88,8 +90,8 @@ info["mode"] = sys.argv[2]
 json.dump(info, open(sys.argv[1], "w"))
 print("env:", info)
 EOF
-{ compute-sanitizer --version 2>&1 | tail -1; cmake --version | head -1; echo "ninja $(ninja --version)"
-  ls /usr/lib/*/cmake/GTest /usr/local/lib*/cmake/GTest 2>&1 | head -2; } >>"$BUILD_LOG" 2>&1
+{ compute-sanitizer --version 2>&1 | tail -1; cmake --version | head -1; echo "ninja $(ninja --version)"; } \
+  >>"$BUILD_LOG" 2>&1
 
 # ------------------------------------------------------------------ dependencies
 # CuTe/CUTLASS headers: FLASHATTN_CUTLASS_DIR, an installed nvidia-cutlass, or the carried wheel (a pure
