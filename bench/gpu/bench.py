@@ -45,6 +45,19 @@ class Bench:
     def time(self, fn) -> float:
         return do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median")
 
+    def measure(self, kind: str, backend: str, fn, flops: float, base: dict, note_of=None):
+        """Times fn and writes its row; returns one call's result (None, with an NA row, if fn raises).
+        note_of(result) adds a note (e.g. the agreement with FA2's output)."""
+        try:
+            result = fn()
+            note = note_of(result) if note_of else ""
+            ms = self.time(fn)
+        except Exception as e:
+            self.row(kind=kind, backend=backend, ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+            return None
+        self.row(kind=kind, backend=backend, ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", note=note, **base)
+        return result
+
     def row(self, **kw):
         r = {k: kw.get(k, "") for k in FIELDS}
         self.w.writerow(r)
@@ -104,6 +117,14 @@ def peer_fns(be, q, k, v, causal):
     return fwd, (lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True))
 
 
+def agreement(out, fa2_out) -> str:
+    """How far our output is from FA2's on the timed inputs: a fast wrong kernel cannot hide in the table."""
+    if fa2_out is None:
+        return ""
+    note = f"maxdiff_vs_fa2={float((out.float() - fa2_out).abs().max()):.2e}"
+    return note + ("" if bool(torch.isfinite(out).all()) else " NONFINITE")
+
+
 def shapes(quick: bool):
     dtypes = ("bf16",) if quick else ("bf16", "fp16")
     hdims = (64, 128) if quick else (64, 128, 256)
@@ -135,36 +156,29 @@ def attention_rows(b: Bench, ours, quick: bool, deadline: float) -> bool:
         for name, be in PEERS.items():
             try:
                 fwd, bwd = peer_fns(be, q, k, v, causal)
-                out = fwd()
-                if name == "flash2":
-                    fa2_out = out.transpose(1, 2).float()
-                ms = b.time(fwd)
-                b.row(kind="fwd", backend=name, ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", **base)
-                ms = b.time(bwd)
-                b.row(kind="bwd", backend=name, ms=f"{ms:.4f}", tflops=f"{2.5 * flops / ms / 1e9:.1f}", **base)
             except Exception as e:  # the backend refuses the shape
-                b.row(kind="fwd", backend=name, ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+                for kind in ("fwd", "bwd"):
+                    b.row(kind=kind, backend=name, ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+                continue
+            out = b.measure("fwd", name, fwd, flops, base)
+            if name == "flash2" and out is not None:
+                fa2_out = out.transpose(1, 2).float()
+            b.measure("bwd", name, bwd, 2.5 * flops, base)
             torch.cuda.empty_cache()
         if not ours.ok:
             b.row(kind="fwd", backend="ours", ms="NA", note="not available", **base)
             continue
         try:
             fwd, bwd, why = ours_fns(ours.module, q, k, v, causal)
-            out = fwd()
-            agree = ""
-            if fa2_out is not None:
-                agree = f"maxdiff_vs_fa2={float((out.float() - fa2_out).abs().max()):.2e}"
-                if not bool(torch.isfinite(out).all()):
-                    agree += " NONFINITE"
-            ms = b.time(fwd)
-            b.row(kind="fwd", backend="ours", ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", note=agree, **base)
-            if bwd is not None:
-                ms = b.time(bwd)
-                b.row(kind="bwd", backend="ours", ms=f"{ms:.4f}", tflops=f"{2.5 * flops / ms / 1e9:.1f}", **base)
-            else:
-                b.row(kind="bwd", backend="ours", ms="NA", note=why, **base)
         except Exception as e:
-            b.row(kind="fwd", backend="ours", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+            for kind in ("fwd", "bwd"):
+                b.row(kind=kind, backend="ours", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+            continue
+        b.measure("fwd", "ours", fwd, flops, base, lambda out, ref=fa2_out: agreement(out, ref))
+        if bwd is not None:
+            b.measure("bwd", "ours", bwd, 2.5 * flops, base)
+        else:
+            b.row(kind="bwd", backend="ours", ms="NA", note=why, **base)
         del q, k, v, fa2_out
         torch.cuda.empty_cache()
     return True
