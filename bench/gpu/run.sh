@@ -295,7 +295,10 @@ def sanitize(tool, target, cmd, extra=()):
     log.write(f"$ {' '.join(full)}\n"); log.flush()
     t = time.time()
     try:
+        # torch's caching allocator sub-allocates large segments, so an access past a tensor's end usually
+        # lands in valid memory and memcheck stays silent: give every tensor its own allocation.
         p = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
                            timeout=max(20, min(limit_s, deadline - time.time())))
         out, rc = p.stdout, p.returncode
     except subprocess.TimeoutExpired as e:
