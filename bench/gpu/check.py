@@ -11,8 +11,9 @@ them), and the same case runs again through flashattn.ops into NaN-filled buffer
 The harness proves itself on every run: torch SDPA's FLASH backend is put through the same rule on the
 shapes it supports (must pass), and mutated copies of a correct answer (one NaN, one wrong row) must fail.
 
-  python3 check.py [--quick] [--tiny] [--json FILE]
+  python3 check.py [--quick] [--tiny] [--json FILE] [--cases REGEX] [--seed N]
     --tiny: two small cases of ours only (the compute-sanitizer subset).
+    FLASHATTN_CHECK_DEVICE=cpu: the same cases on the CPU backend (no GPU needed).
 Exit status: 0 when nothing failed (skips and unsupported cases do not fail), 1 otherwise.
 """
 from __future__ import annotations
@@ -26,7 +27,6 @@ import re
 import sys
 import time
 import traceback
-
 import warnings
 
 import torch
@@ -75,7 +75,7 @@ def build_cases() -> list:
     for d in (64, 96, 128, 192, 256):
         for causal in (False, True):
             C.append(Case("hdim", 2, 113, 203, 4, 4, d, mask=Mask(causal=causal), quick=d in (64, 128)))
-    # The odd shapes of the CPU suite, bf16 and fp16.
+    # The odd shapes of the CPU suite (bf16 here, fp16 below).
     for sq, sk in ((1, 1), (17, 17), (239, 1), (113, 203), (1023, 1024), (1024, 1023)):
         for causal in (False, True):
             C.append(Case("odd", 1, sq, sk, 2, 2, 128, mask=Mask(causal=causal),
