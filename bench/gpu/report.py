@@ -1,0 +1,187 @@
+"""Writes results.md (side-by-side table, correctness, sanitizer, environment) and plots.png (TFLOP/s vs
+seqlen, one panel per direction x mask x head dim) from what run.sh collected.
+
+  python3 report.py --out OUTDIR --work WORKDIR
+Reads OUTDIR/results.csv and, when present, WORKDIR/{env,check,ctest,sanitizer,build}.json.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+from collections import defaultdict
+
+BACKENDS = ("ours", "cudnn", "flash2")
+LABEL = {"ours": "ours", "cudnn": "cuDNN", "flash2": "FA2"}
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def load_rows(path):
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def num(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def attention_table(rows):
+    """{(kind, dtype, hdim, causal, seqlen, batch, heads): {backend: row}}"""
+    t = defaultdict(dict)
+    for r in rows:
+        if r["kind"] in ("fwd", "bwd"):
+            key = (r["kind"], r["dtype"], int(r["hdim"]), int(r["causal"]), int(r["seqlen"]), r["batch"], r["heads"])
+            t[key][r["backend"]] = r
+    return t
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if a is not None and b else "–"
+
+
+def fmt(r):
+    v = num(r.get("tflops")) if r else None
+    return f"{v:.1f}" if v is not None else "n/a"
+
+
+def markdown(out_dir, work, rows):
+    env = load_json(os.path.join(work, "env.json")) or {}
+    check = load_json(os.path.join(work, "check.json"))
+    ctest = load_json(os.path.join(work, "ctest.json"))
+    san = load_json(os.path.join(work, "sanitizer.json"))
+    build = load_json(os.path.join(work, "build.json")) or {}
+    mock = build.get("python", "").startswith("MOCK")
+    ours_col = "ours (MOCK: not our kernels)" if mock else "ours"
+    L = [f"# flashattn on {env.get('device', '?')} — {env.get('date', '?')}", ""]
+    L.append(f"Mode: **{env.get('mode', '?')}**. torch {env.get('torch', '?')} (CUDA {env.get('cuda', '?')}), "
+             f"cuDNN {env.get('cudnn', '?')}, triton {env.get('triton', '?')}, Python {env.get('python', '?')}, "
+             f"driver {env.get('driver', '?')}, nvcc {env.get('nvcc', '?')}. Commit {env.get('commit', '?')}.")
+    L.append("")
+    L.append(f"Build: {build.get('summary', 'n/a')}  ")
+    L.append(f"Python package: {build.get('python', 'n/a')}")
+    L += ["", "## Correctness", ""]
+    L.append(f"- C++ GPU suite: {ctest.get('gpu', 'n/a') if ctest else 'n/a'}")
+    L.append(f"- C++ CPU suite (`ctest -LE gpu`): {ctest.get('cpu', 'n/a') if ctest else 'n/a'}")
+    if check:
+        L.append(f"- Python GPU suite (check.py, {check.get('mode')}, seed {check.get('seed')}): "
+                 f"**{check['summary']}**; {check.get('ours', '')}")
+        if check.get("failures"):
+            L.append("  - failed: " + "; ".join(check["failures"][:15]))
+    else:
+        L.append("- Python GPU suite: did not run (see check.log)")
+    L += ["", "## Sanitizer", ""]
+    if san:
+        for item in san.get("runs", []):
+            L.append(f"- {item['tool']} on {item['target']}: {item['result']}")
+        if san.get("note") or not san.get("runs"):
+            L.append(f"- {san.get('note') or 'nothing ran'}")
+    else:
+        L.append("- did not run (see sanitizer.log)")
+
+    L += ["", "## Throughput (TFLOP/s, higher is better)", ""]
+    L.append("16k tokens per batch, model dim 2048 (heads = 2048/d), (B,S,H,D) storage; triton do_bench median; "
+             "FLOPs 4·B·H·S²·D (/2 causal), bwd ×2.5. cuDNN and FA2 are torch SDPA backends in the same process.")
+    L.append("")
+    L.append(f"| dir | dtype | d | causal | seqlen | B×H | {ours_col} | cuDNN | FA2 | ours/cuDNN | ours/FA2 | note |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    table = attention_table(rows)
+    for key in sorted(table, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3], k[4])):
+        kind, dt, d, causal, s, batch, heads = key
+        cell = table[key]
+        t = {b: num(cell[b]["tflops"]) if b in cell else None for b in BACKENDS}
+        note = (cell.get("ours") or {}).get("note", "")
+        L.append(f"| {kind} | {dt} | {d} | {'yes' if causal else 'no'} | {s} | {batch}×{heads} | "
+                 f"{fmt(cell.get('ours'))} | {fmt(cell.get('cudnn'))} | {fmt(cell.get('flash2'))} | "
+                 f"{ratio(t['ours'], t['cudnn'])} | {ratio(t['ours'], t['flash2'])} | {note} |")
+    mem = [r for r in rows if r["kind"] == "memory"]
+    if mem:
+        L += ["", "## Peak extra memory (MiB above the inputs; bf16, 1×16k×16 heads, d128, causal)", "",
+              "| backend | fwd | fwd+bwd |", "|---|---|---|"]
+        per = defaultdict(dict)
+        for r in mem:
+            direction = r["note"].split()[1].rstrip(":") if r["note"].startswith("peak_extra_MiB") else "fwd"
+            value = r["tflops"] if num(r["tflops"]) is not None else "n/a (" + r["note"].partition(": ")[2] + ")"
+            per[r["backend"]][direction] = value
+        for name, v in per.items():
+            L.append(f"| {ours_col if name == 'ours' else LABEL.get(name, name)} | {v.get('fwd', 'n/a')} | {v.get('fwd+bwd', 'n/a')} |")
+    ceil = [r for r in rows if r["kind"] == "ceiling"]
+    if ceil:
+        L += ["", "## Ceilings measured in this run", ""]
+        for r in ceil:
+            L.append(f"- {r['backend']}: {r['ms']} ms, {r['tflops']} {r['note']}")
+    L += ["", "Logs: build.log, check.log, sanitizer.log, bench.log; raw numbers: results.csv; plots: plots.png.", ""]
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write("\n".join(L))
+
+
+def plots(out_dir, rows, mock=False):
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    table = attention_table(rows)
+    if not table:
+        return
+    kinds = sorted({k[0] for k in table}, key=lambda k: k != "fwd")
+    causals = sorted({k[3] for k in table})
+    hdims = sorted({k[2] for k in table})
+    dtypes = sorted({k[1] for k in table})
+    panels = [(kind, c) for kind in kinds for c in causals]
+    fig, axes = plt.subplots(len(panels), len(hdims), figsize=(4.2 * len(hdims), 3.2 * len(panels)), squeeze=False)
+    style = {"ours": ("tab:red", "o"), "cudnn": ("tab:blue", "s"), "flash2": ("tab:green", "^")}
+    for pi, (kind, c) in enumerate(panels):
+        for hi, d in enumerate(hdims):
+            ax = axes[pi][hi]
+            for dt in dtypes:
+                for b in BACKENDS:
+                    pts = sorted((k[4], num(v[b]["tflops"])) for k, v in table.items()
+                                 if k[0] == kind and k[1] == dt and k[2] == d and k[3] == c and b in v
+                                 and num(v[b]["tflops"]) is not None)
+                    if pts:
+                        color, marker = style[b]
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker,
+                                linestyle="-" if dt == "bf16" else "--",
+                                label=f"{LABEL[b]}{' (MOCK)' if mock and b == 'ours' else ''} {dt}")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{kind} d{d} {'causal' if c else 'non-causal'}", fontsize=10)
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(True, alpha=0.3)
+            ax.set_ylim(bottom=0)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=max(1, len(labels)), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(os.path.join(out_dir, "plots.png"), dpi=90)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    rows = load_rows(os.path.join(a.out, "results.csv"))
+    markdown(a.out, a.work, rows)
+    try:
+        build = load_json(os.path.join(a.work, "build.json")) or {}
+        plots(a.out, rows, build.get("python", "").startswith("MOCK"))
+    except Exception as e:  # a missing matplotlib must not cost the table
+        print(f"report: no plots ({type(e).__name__}: {e})")
+
+
+if __name__ == "__main__":
+    main()
