@@ -61,11 +61,15 @@ Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse,
   if (exec.num_threads < 0) return invalid("exec.num_threads", "must be >= 0, 0 = all hardware threads");
   std::vector<int32_t> cu_q, cu_k, used;
   const int32_t *hq = nullptr, *hk = nullptr, *hu = nullptr;
-  if (a.q.device == a.cu_seqlens_q.device && a.q.device == a.cu_seqlens_k.device && a.q.device == a.seqused_k.device) {
-    if (Error e = host_int32(a.cu_seqlens_q, exec, &cu_q, &hq); !e.ok()) return e;
-    if (Error e = host_int32(a.cu_seqlens_k, exec, &cu_k, &hk); !e.ok()) return e;
-    if (Error e = host_int32(a.seqused_k, exec, &used, &hu); !e.ok()) return e;
-  }
+  // Each offset tensor is read where it lives when that is q's device; an absent one (data == NULL, device
+  // field left at CPU) or one on another device is left to the validation to report.
+  auto read = [&](const fa_tensor& t, std::vector<int32_t>* storage, const int32_t** out) -> Error {
+    if (t.data == nullptr || t.device != a.q.device) return ok();
+    return host_int32(t, exec, storage, out);
+  };
+  if (Error e = read(a.cu_seqlens_q, &cu_q, &hq); !e.ok()) return e;
+  if (Error e = read(a.cu_seqlens_k, &cu_k, &hk); !e.ok()) return e;
+  if (Error e = read(a.seqused_k, &used, &hu); !e.ok()) return e;
   return validate(a, out, lse, dout, dq, dk, dv, dir, (*backend)->requirements, hq, hk, hu, problem);
 }
 
