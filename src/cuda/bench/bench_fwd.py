@@ -2,7 +2,7 @@
 same protocol as shared/anchors/sdpa_bench.py: triton do_bench median, bf16, batch*seqlen = 16k tokens,
 model dim 2048 (heads = 2048 / hdim), FLOPs 4*B*H*S*S*D (halved when causal).
 
-    python3 bench_fwd.py path/to/libflashattn_capi.so [seqlen ...]
+    python3 bench_fwd.py path/to/libflashattn_capi.so [seqlen ...] [--hdims 64,128,256] [--ours-only] [--tag NAME]
 
 Calls the C ABI through ctypes (no binding needed). Prints TSV: backend hdim causal seqlen batch heads ms tflops,
 and a max-abs-difference check of ours against SDPA for each shape.
@@ -52,12 +52,25 @@ def main():
     lib = C.CDLL(sys.argv[1])
     lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
     lib.fa_last_error.restype = C.c_char_p
-    seqlens = [int(s) for s in sys.argv[2:]] or [1024, 2048, 8192]
+    args = sys.argv[2:]
+    hdims, ours_only, tag = (64, 128, 256), False, "ours"
+    if "--hdims" in args:
+        i = args.index("--hdims")
+        hdims = tuple(int(x) for x in args[i + 1].split(","))
+        del args[i:i + 2]
+    if "--tag" in args:
+        i = args.index("--tag")
+        tag = args[i + 1]
+        del args[i:i + 2]
+    if "--ours-only" in args:
+        ours_only = True
+        args.remove("--ours-only")
+    seqlens = [int(s) for s in args] or [1024, 2048, 8192]
     print("# device", torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
           flush=True)
     print("backend\thdim\tcausal\tseqlen\tbatch\theads\tms\ttflops", flush=True)
     tokens = 16384
-    for hdim in (64, 128, 256):
+    for hdim in hdims:
         heads = 2048 // hdim
         for causal in (False, True):
             for seqlen in seqlens:
@@ -78,10 +91,10 @@ def main():
 
                 results = {}
                 ours()
-                results["ours"] = do_bench(ours, warmup=50, rep=200, return_mode="median")
+                results[tag] = do_bench(ours, warmup=50, rep=200, return_mode="median")
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
                 ref = None
-                for name, be in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                for name, be in () if ours_only else (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                     try:
                         with sdpa_kernel(be):
                             fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)

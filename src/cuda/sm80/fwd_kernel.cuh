@@ -193,10 +193,15 @@ __device__ __forceinline__ float quad_reduce(float x, Op op) {
   return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
-// Predicated tile load: rows >= `rows` or columns >= `cols` are zero-filled in shared memory rather than
-// read, so partial tiles and padded head dims never touch memory outside the tensors.
-template <class TiledCopy, class Src, class Dst, class Coord>
+// Tile load. A full tile (all rows inside the tensor, head dim equal to the compiled one) is copied
+// unpredicated; otherwise rows >= `rows` or columns >= `cols` are zero-filled in shared memory rather than read,
+// so partial tiles and padded head dims never touch memory outside the tensors.
+template <int kTileRows, int kTileCols, class TiledCopy, class Src, class Dst, class Coord>
 __device__ void load_tile(const TiledCopy& copy, const Src& src, Dst&& dst, const Coord& coord, int rows, int cols) {
+  if (rows >= kTileRows && cols == kTileCols) {
+    cute::copy(copy, src, dst);
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < size<1>(dst); ++m) {
     if (get<0>(coord(0, m, 0)) < rows) {
@@ -263,6 +268,8 @@ struct OnlineSoftmax {
   // Turns the scores S (rows, cols) into probabilities and rescales the output accumulator O (rows, dv).
   template <bool kFirst, class S, class O>
   __device__ void update(S& s, O& o, float scale_log2) {
+    float correction[kRows];
+    bool changed = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float m = row_max[r];
@@ -272,10 +279,9 @@ struct OnlineSoftmax {
       // A row with nothing visible so far keeps max -inf; offsetting by 0 then keeps exp2(-inf) = 0 (not NaN).
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
       if (!kFirst) {
-        const float correction = fast_exp2(row_max[r] * scale_log2 - m_scaled);
-        row_sum[r] *= correction;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+        correction[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+        row_sum[r] *= correction[r];
+        changed |= m != row_max[r];
       }
       row_max[r] = m;
       float sum = 0.f;
@@ -286,6 +292,15 @@ struct OnlineSoftmax {
         sum += e;
       }
       row_sum[r] += sum;
+    }
+    // Rescaling O costs one FMUL per output accumulator; once the running maxima settle (most key blocks of
+    // a long row) no row of the warp changes and the factor is exactly 1, so the warp skips it.
+    if (!kFirst && __any_sync(0xffffffffu, changed)) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
+      }
     }
   }
 
@@ -393,8 +408,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   // ---- mainloop: key blocks from the last to the first, so the one partial (masked) block comes first
   if (range.hi > range.lo) {
     int n = range.hi - 1;
-    load_tile(gmem_load, tQg, tQs, tQc, rows_here, p.head_dim);
-    load_tile(gmem_load, tKg(_, _, _, n), tKs, tKVc, seq.len_k - n * kBlockN, p.head_dim);
+    load_tile<kBlockM, kHeadDim>(gmem_load, tQg, tQs, tQc, rows_here, p.head_dim);
+    load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n), tKs, tKVc, seq.len_k - n * kBlockN, p.head_dim);
     cute::cp_async_fence();
 
     for (bool first = true; n >= range.lo; --n, first = false) {
@@ -403,7 +418,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       cute::cp_async_wait<0>();
       __syncthreads();  // K(n) (and Q) landed; every warp is done reading V(n+1)
       // V(n) streams in while S = Q.K^T is computed.
-      load_tile(gmem_load, tVg(_, _, _, n), tVs, tKVc, seq.len_k - n * kBlockN, p.head_dim_v);
+      load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n), tVs, tKVc, seq.len_k - n * kBlockN, p.head_dim_v);
       cute::cp_async_fence();
       gemm_smem_smem(acc_s, rQ, rK, tSsQ, tSsK, mma, smem_q, smem_k, smem_q_thr, smem_k_thr);
 
@@ -439,7 +454,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       cute::cp_async_wait<0>();
       __syncthreads();  // V(n) landed; every warp is done reading K(n)
       if (n > range.lo) {
-        load_tile(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, seq.len_k - (n - 1) * kBlockN, p.head_dim);
+        load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, seq.len_k - (n - 1) * kBlockN, p.head_dim);
         cute::cp_async_fence();
       }
 
