@@ -18,6 +18,7 @@
 #include "core/problem.hpp"
 #include "cpu/numeric.hpp"
 #include "cpu/reference.hpp"
+#include "cuda/sm80/tiles.hpp"
 #include "flashattn/flashattn.h"
 
 namespace {
@@ -484,13 +485,24 @@ TEST(Sm80Validation, VarlenDuringGraphCaptureIsRejected) {
   EXPECT_EQ(fa_forward(&call.p, nullptr), FA_OK) << fa_last_error();
 }
 
+// Backend::tile_shape reports the same constexpr tiles the kernel is compiled with.
 TEST(Sm80Validation, TileShapeReported) {
   SKIP_WITHOUT_GPU();
-  SmallCall call;
+  SmallCall call;  // head_dim 64: served by the d64 kernel
   int bq = 0, bk = 0;
   fa_forward_tile_shape(&call.p, nullptr, &bq, &bk);
-  EXPECT_GT(bq, 0);
-  EXPECT_GT(bk, 0);
+  constexpr flashattn::cuda::sm80::FwdTiles kD64 = flashattn::cuda::sm80::fwd_tiles(64);
+  EXPECT_EQ(bq, kD64.block_q);
+  EXPECT_EQ(bk, kD64.block_k);
+}
+
+TEST(Sm80Validation, Sm90RequestIsUnsupported) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  fa_exec exec = fa_exec_default();
+  exec.backend = FA_BACKEND_CUDA_SM90;
+  EXPECT_EQ(fa_forward(&call.p, &exec), FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find("sm90"), std::string::npos) << fa_last_error();
 }
 
 }  // namespace
