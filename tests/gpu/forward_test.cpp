@@ -18,6 +18,7 @@
 #include "core/problem.hpp"
 #include "cpu/numeric.hpp"
 #include "cpu/reference.hpp"
+#include "cuda/sm80/tiles.hpp"
 #include "flashattn/flashattn.h"
 
 namespace {
@@ -242,12 +243,22 @@ void run_case(const Case& c) {
     }
   }
 
+  // The float64 reference dominates the run time: rows are independent, so they run in parallel.
+  const int64_t n_rows = int64_t(rows.size());
+  std::vector<double> exact_all(static_cast<size_t>(n_rows * c.dv)), plain_all(static_cast<size_t>(n_rows * c.dv));
+  std::vector<double> lse_exact_all(static_cast<size_t>(n_rows)), lse_plain_all(static_cast<size_t>(n_rows));
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t k = 0; k < n_rows; ++k) {
+    const Row& r = rows[size_t(k)];
+    ref::forward_row(prob, ref::Rounding::kExact, r.b, r.h, r.i, &exact_all[size_t(k * c.dv)], &lse_exact_all[size_t(k)]);
+    ref::forward_row(prob, ref::Rounding::kStorage, r.b, r.h, r.i, &plain_all[size_t(k * c.dv)], &lse_plain_all[size_t(k)]);
+  }
   Errors err;
-  std::vector<double> exact(size_t(c.dv)), plain(size_t(c.dv));
-  for (const Row& r : rows) {
-    double lse_exact = 0, lse_plain = 0;
-    ref::forward_row(prob, ref::Rounding::kExact, r.b, r.h, r.i, exact.data(), &lse_exact);
-    ref::forward_row(prob, ref::Rounding::kStorage, r.b, r.h, r.i, plain.data(), &lse_plain);
+  for (int64_t k = 0; k < n_rows; ++k) {
+    const Row& r = rows[size_t(k)];
+    const double* exact = &exact_all[size_t(k * c.dv)];
+    const double* plain = &plain_all[size_t(k * c.dv)];
+    const double lse_exact = lse_exact_all[size_t(k)], lse_plain = lse_plain_all[size_t(k)];
     const int64_t g = varlen ? cu_q[size_t(r.b)] + r.i : r.i;
     const int64_t out_off = (varlen ? g : r.b * rows_q + g) * (c.hq * c.dv + pad) + r.h * c.dv;
     const int64_t lse_off = varlen ? r.h * rows_q + g : (r.b * c.hq + r.h) * rows_q + g;
@@ -474,13 +485,24 @@ TEST(Sm80Validation, VarlenDuringGraphCaptureIsRejected) {
   EXPECT_EQ(fa_forward(&call.p, nullptr), FA_OK) << fa_last_error();
 }
 
+// Backend::tile_shape reports the same constexpr tiles the kernel is compiled with.
 TEST(Sm80Validation, TileShapeReported) {
   SKIP_WITHOUT_GPU();
-  SmallCall call;
+  SmallCall call;  // head_dim 64: served by the d64 kernel
   int bq = 0, bk = 0;
   fa_forward_tile_shape(&call.p, nullptr, &bq, &bk);
-  EXPECT_GT(bq, 0);
-  EXPECT_GT(bk, 0);
+  constexpr flashattn::cuda::sm80::FwdTiles kD64 = flashattn::cuda::sm80::fwd_tiles(64);
+  EXPECT_EQ(bq, kD64.block_q);
+  EXPECT_EQ(bk, kD64.block_k);
+}
+
+TEST(Sm80Validation, Sm90RequestIsUnsupported) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  fa_exec exec = fa_exec_default();
+  exec.backend = FA_BACKEND_CUDA_SM90;
+  EXPECT_EQ(fa_forward(&call.p, &exec), FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find("sm90"), std::string::npos) << fa_last_error();
 }
 
 }  // namespace

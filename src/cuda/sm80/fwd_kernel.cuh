@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 
 #include "cuda/sm80/fwd_params.hpp"
@@ -108,13 +109,17 @@ struct BlockRange {
 };
 
 // ------------------------------------------------------------------------------------------- mask policies
+struct ColRange {
+  int lo, hi;  // visible keys [lo, hi)
+};
+
 // Only the keys past the end of the sequence are masked.
 struct KeyLengthMask {
   int len_k;
   __device__ KeyLengthMask(const FwdParams&, const SeqInfo& s) : len_k(s.len_k) {}
   __device__ BlockRange blocks(int /*m0*/, int /*rows*/, int block_n) const { return {0, (len_k + block_n - 1) / block_n}; }
   __device__ bool block_needs_mask(int /*m0*/, int /*rows*/, int n0, int block_n) const { return n0 + block_n > len_k; }
-  __device__ bool visible(int /*row*/, int col) const { return col < len_k; }
+  __device__ ColRange cols(int /*row*/) const { return {0, len_k}; }
 };
 
 // Causal or sliding window: query i sees keys [i + off - left, i + off + right] (a side of -1 is unbounded).
@@ -124,8 +129,8 @@ struct WindowMask {
       : len_k(s.len_k), diag_off(p.bottom_right ? s.len_k - s.len_q : 0), left(p.window_left), right(p.window_right) {}
   // Key blocks touched by query rows [m0, m0 + rows).
   __device__ BlockRange blocks(int m0, int rows, int block_n) const {
-    int hi = right >= 0 ? min(len_k, m0 + rows - 1 + diag_off + right + 1) : len_k;
-    int lo = left >= 0 ? max(0, m0 + diag_off - left) : 0;
+    const int hi = right >= 0 ? min(len_k, m0 + rows - 1 + diag_off + right + 1) : len_k;
+    const int lo = left >= 0 ? max(0, m0 + diag_off - left) : 0;
     if (hi <= lo) return {0, 0};
     return {lo / block_n, (hi + block_n - 1) / block_n};
   }
@@ -134,9 +139,9 @@ struct WindowMask {
     return last_col >= len_k || (right >= 0 && last_col > m0 + diag_off + right) ||
            (left >= 0 && n0 < m0 + rows - 1 + diag_off - left);
   }
-  __device__ bool visible(int row, int col) const {
+  __device__ ColRange cols(int row) const {
     const int diag = row + diag_off;
-    return col < len_k && (right < 0 || col <= diag + right) && (left < 0 || col >= diag - left);
+    return {left >= 0 ? diag - left : 0, right >= 0 ? min(len_k, diag + right + 1) : len_k};
   }
 };
 
@@ -157,11 +162,21 @@ __device__ constexpr auto acc_as_a_operand(Layout l) {
   return make_layout(make_layout(get<0>(d), get<2, 0>(d)), get<1>(d), get<2, 1>(d));
 }
 
+// fp32 accumulators -> fp16/bf16, two at a time (one cvt.rn.{bf16x2,f16x2}.f32 per pair).
 template <typename To, class Engine, class Layout>
 __device__ auto convert_fragment(const Tensor<Engine, Layout>& src) {
   Tensor dst = make_tensor<To>(src.layout());
+  static_assert(decltype(size(src))::value % 2 == 0);
+  cutlass::NumericArrayConverter<To, float, 2> convert;
   CUTE_UNROLL
-  for (int i = 0; i < size(src); ++i) dst(i) = To(src(i));
+  for (int i = 0; i < size(src); i += 2) {
+    cutlass::Array<float, 2> pair;
+    pair[0] = src(i);
+    pair[1] = src(i + 1);
+    const cutlass::Array<To, 2> out = convert(pair);
+    dst(i) = out[0];
+    dst(i + 1) = out[1];
+  }
   return dst;
 }
 
@@ -178,10 +193,15 @@ __device__ __forceinline__ float quad_reduce(float x, Op op) {
   return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
-// Predicated tile load: rows >= `rows` or columns >= `cols` are zero-filled in shared memory rather than
-// read, so partial tiles and padded head dims never touch memory outside the tensors.
-template <class TiledCopy, class Src, class Dst, class Coord>
+// Tile load. A full tile (all rows inside the tensor, head dim equal to the compiled one) is copied
+// unpredicated; otherwise rows >= `rows` or columns >= `cols` are zero-filled in shared memory rather than read,
+// so partial tiles and padded head dims never touch memory outside the tensors.
+template <int kTileRows, int kTileCols, class TiledCopy, class Src, class Dst, class Coord>
 __device__ void load_tile(const TiledCopy& copy, const Src& src, Dst&& dst, const Coord& coord, int rows, int cols) {
+  if (rows >= kTileRows && cols == kTileCols) {
+    cute::copy(copy, src, dst);
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < size<1>(dst); ++m) {
     if (get<0>(coord(0, m, 0)) < rows) {
@@ -248,6 +268,8 @@ struct OnlineSoftmax {
   // Turns the scores S (rows, cols) into probabilities and rescales the output accumulator O (rows, dv).
   template <bool kFirst, class S, class O>
   __device__ void update(S& s, O& o, float scale_log2) {
+    float correction[kRows];
+    bool changed = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float m = row_max[r];
@@ -257,10 +279,9 @@ struct OnlineSoftmax {
       // A row with nothing visible so far keeps max -inf; offsetting by 0 then keeps exp2(-inf) = 0 (not NaN).
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
       if (!kFirst) {
-        const float correction = fast_exp2(row_max[r] * scale_log2 - m_scaled);
-        row_sum[r] *= correction;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+        correction[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+        row_sum[r] *= correction[r];
+        changed |= m != row_max[r];
       }
       row_max[r] = m;
       float sum = 0.f;
@@ -271,6 +292,15 @@ struct OnlineSoftmax {
         sum += e;
       }
       row_sum[r] += sum;
+    }
+    // Rescaling O costs one FMUL per output accumulator; once the running maxima settle (most key blocks of
+    // a long row) no row of the warp changes and the factor is exactly 1, so the warp skips it.
+    if (!kFirst && __any_sync(0xffffffffu, changed)) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
+      }
     }
   }
 
@@ -290,7 +320,9 @@ struct OnlineSoftmax {
 };
 
 // ------------------------------------------------------------------------------------------- the kernel
-template <class Traits, class Mask>
+// kScoreMods: softcap and/or ALiBi present. A separate instantiation keeps their registers (tanh, per-score
+// distances) out of the plain kernel, which otherwise spills.
+template <class Traits, class Mask, bool kScoreMods>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -376,8 +408,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   // ---- mainloop: key blocks from the last to the first, so the one partial (masked) block comes first
   if (range.hi > range.lo) {
     int n = range.hi - 1;
-    load_tile(gmem_load, tQg, tQs, tQc, rows_here, p.head_dim);
-    load_tile(gmem_load, tKg(_, _, _, n), tKs, tKVc, seq.len_k - n * kBlockN, p.head_dim);
+    load_tile<kBlockM, kHeadDim>(gmem_load, tQg, tQs, tQc, rows_here, p.head_dim);
+    load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n), tKs, tKVc, seq.len_k - n * kBlockN, p.head_dim);
     cute::cp_async_fence();
 
     for (bool first = true; n >= range.lo; --n, first = false) {
@@ -386,33 +418,43 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       cute::cp_async_wait<0>();
       __syncthreads();  // K(n) (and Q) landed; every warp is done reading V(n+1)
       // V(n) streams in while S = Q.K^T is computed.
-      load_tile(gmem_load, tVg(_, _, _, n), tVs, tKVc, seq.len_k - n * kBlockN, p.head_dim_v);
+      load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n), tVs, tKVc, seq.len_k - n * kBlockN, p.head_dim_v);
       cute::cp_async_fence();
       gemm_smem_smem(acc_s, rQ, rK, tSsQ, tSsK, mma, smem_q, smem_k, smem_q_thr, smem_k_thr);
 
       Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
-      if (p.softcap > 0.f) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = p.softcap * tanhf(acc_s(i) * p.softcap_in_scale);
-      }
       const int n0 = n * kBlockN;
-      if (p.alibi != nullptr) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          const int row = m0 + get<0>(cS(i)), col = n0 + get<1>(cS(i));
-          acc_s(i) -= alibi_slope * float(abs(row + diag_off - col));
+      if constexpr (kScoreMods) {
+        if (p.softcap > 0.f) {
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_s); ++i) acc_s(i) = p.softcap * tanhf(acc_s(i) * p.softcap_in_scale);
+        }
+        if (p.alibi != nullptr) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const int diag = m0 + get<0>(cS_rc(r, 0)) + diag_off - n0;
+            CUTE_UNROLL
+            for (int c = 0; c < size<1>(s); ++c) s(r, c) -= alibi_slope * float(abs(diag - get<1>(cS_rc(0, c))));
+          }
         }
       }
       if (mask.block_needs_mask(m0, rows_here, n0, kBlockN)) {
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i)
-          if (!mask.visible(m0 + get<0>(cS(i)), n0 + get<1>(cS(i)))) acc_s(i) = -INFINITY;
+        for (int r = 0; r < kRows; ++r) {
+          const ColRange cr = mask.cols(m0 + get<0>(cS_rc(r, 0)));
+          const int lo = cr.lo - n0, hi = cr.hi - n0;
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(s); ++c) {
+            const int col = get<1>(cS_rc(0, c));
+            if (col < lo || col >= hi) s(r, c) = -INFINITY;
+          }
+        }
       }
 
       cute::cp_async_wait<0>();
       __syncthreads();  // V(n) landed; every warp is done reading K(n)
       if (n > range.lo) {
-        load_tile(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, seq.len_k - (n - 1) * kBlockN, p.head_dim);
+        load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, seq.len_k - (n - 1) * kBlockN, p.head_dim);
         cute::cp_async_fence();
       }
 

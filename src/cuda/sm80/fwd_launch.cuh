@@ -16,9 +16,9 @@ struct ElementOf<FA_BFLOAT16> {
   using type = cutlass::bfloat16_t;
 };
 
-template <class Traits, class Mask>
-cudaError_t launch_with_mask(const FwdParams& p, cudaStream_t stream) {
-  auto kernel = &fwd_kernel<Traits, Mask>;
+template <class Traits, class Mask, bool kScoreMods>
+cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
+  auto kernel = &fwd_kernel<Traits, Mask, kScoreMods>;
   constexpr int kDefaultSmemLimit = 48 * 1024;  // larger dynamic smem must be opted into per kernel
   if (Traits::kSmemBytes > kDefaultSmemLimit) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
@@ -32,14 +32,17 @@ cudaError_t launch_with_mask(const FwdParams& p, cudaStream_t stream) {
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Traits = FwdTraits<typename ElementOf<kDtype>::type, kHeadDim>;
-  if (p.has_window) return launch_with_mask<Traits, WindowMask>(p, stream);
-  return launch_with_mask<Traits, KeyLengthMask>(p, stream);
+  const bool mods = p.softcap > 0.f || p.alibi != nullptr;
+  if (p.has_window)
+    return mods ? launch_kernel<Traits, WindowMask, true>(p, stream) : launch_kernel<Traits, WindowMask, false>(p, stream);
+  return mods ? launch_kernel<Traits, KeyLengthMask, true>(p, stream)
+              : launch_kernel<Traits, KeyLengthMask, false>(p, stream);
 }
 
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
   using Traits = FwdTraits<typename ElementOf<kDtype>::type, kHeadDim>;
-  return cudaFuncGetAttributes(attributes, &fwd_kernel<Traits, KeyLengthMask>);
+  return cudaFuncGetAttributes(attributes, &fwd_kernel<Traits, KeyLengthMask, false>);
 }
 
 }  // namespace flashattn::cuda::sm80

@@ -11,14 +11,18 @@ struct FwdTiles {
 };
 
 // `head_dim` is the kernel's compiled head dim (the problem's max(d, dv) rounded up to a built one).
-// Register budget decides: each thread holds block_q * head_dim / threads fp32 output accumulators plus
-// block_q * block_k / threads scores, which must stay well under 255 registers. Shared memory holds one Q,
-// one K and one V tile: (block_q + 2 * block_k) * head_dim * 2 bytes (48 KiB at d64, 64 KiB at d128,
-// 128 KiB at d256), under the 164 KiB (sm80) / 227 KiB (sm90) a CTA may use.
+// The register file decides first: each thread holds block_q * head_dim / threads fp32 output accumulators
+// plus block_q * block_k / threads scores, next to the ldmatrix operands of two k-slices; these sizes compile
+// without spills on sm_90 (ptxas -v; d256: 8 bytes). FA2's 128x128 (d64) and 128x64 (d128) tiles spilled here and ran at a
+// third / half of FA2's speed (src/cuda/NOTES.md, run 1). Among spill-free shapes the H200 measurements of
+// run 3 picked: 128-row CTAs for d64/d128 (64-row ones were 7-10% slower: K/V are read from shared memory
+// once per 64 instead of 128 query rows), and for d256 64x64 with 4 warps: 96 KiB of shared memory, so two
+// CTAs share an SM and hide each other's barriers, 6-19% faster than one 128x64 CTA of 8 warps (128 KiB).
+// Shared memory = (block_q + 2 * block_k) * head_dim * 2 bytes: 32 KiB (d64), 48 KiB (d128), 96 KiB (d256).
 constexpr FwdTiles fwd_tiles(int head_dim) {
-  if (head_dim <= 64) return {128, 128, 4};   // 64 O + 128 S accumulators per thread
-  if (head_dim <= 128) return {128, 64, 4};   // 128 O + 64 S
-  return {128, 64, 8};                        // d256 needs 8 warps: 128 O + 32 S per thread
+  if (head_dim <= 64) return {128, 64, 4};   // 64 O + 64 S accumulators per thread
+  if (head_dim <= 128) return {128, 32, 4};  // 128 O + 32 S
+  return {64, 64, 4};                        // 128 O + 32 S
 }
 
 }  // namespace flashattn::cuda::sm80

@@ -1,0 +1,119 @@
+"""Forward timing of the cuda-sm80 backend next to torch SDPA's flash (FA2) and cuDNN backends, same run,
+same protocol as shared/anchors/sdpa_bench.py: triton do_bench median, bf16, batch*seqlen = 16k tokens,
+model dim 2048 (heads = 2048 / hdim), FLOPs 4*B*H*S*S*D (halved when causal).
+
+    python3 bench_fwd.py path/to/libflashattn_capi.so [seqlen ...] [--hdims 64,128,256] [--ours-only] [--tag NAME]
+
+Calls the C ABI through ctypes (no binding needed). Prints TSV: backend hdim causal seqlen batch heads ms tflops,
+and a max-abs-difference check of ours against SDPA for each shape.
+"""
+import ctypes as C
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+FA_MAX_DIMS = 4
+FA_BFLOAT16, FA_DEVICE_CUDA = 2, 1
+
+
+class Tensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int), ("device", C.c_int), ("device_index", C.c_int),
+                ("ndim", C.c_int), ("shape", C.c_int64 * FA_MAX_DIMS), ("stride", C.c_int64 * FA_MAX_DIMS)]
+
+
+class Attention(C.Structure):
+    _fields_ = [("q", Tensor), ("k", Tensor), ("v", Tensor), ("cu_seqlens_q", Tensor), ("cu_seqlens_k", Tensor),
+                ("seqused_k", Tensor), ("max_seqlen_q", C.c_int64), ("max_seqlen_k", C.c_int64),
+                ("has_softmax_scale", C.c_int), ("softmax_scale", C.c_float), ("causal", C.c_int),
+                ("causal_alignment", C.c_int), ("window_left", C.c_int64), ("window_right", C.c_int64),
+                ("softcap", C.c_float), ("alibi_slopes", Tensor), ("dropout_p", C.c_float)]
+
+
+class Exec(C.Structure):
+    _fields_ = [("backend", C.c_int), ("num_threads", C.c_int), ("stream", C.c_void_p), ("deterministic", C.c_int)]
+
+
+class FwdParams(C.Structure):
+    _fields_ = [("attn", Attention), ("out", Tensor), ("lse", Tensor)]
+
+
+def view(t):
+    v = Tensor()
+    v.data, v.dtype, v.device, v.device_index, v.ndim = t.data_ptr(), FA_BFLOAT16, FA_DEVICE_CUDA, t.device.index or 0, t.dim()
+    for i in range(t.dim()):
+        v.shape[i], v.stride[i] = t.shape[i], t.stride(i)
+    return v
+
+
+def main():
+    lib = C.CDLL(sys.argv[1])
+    lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
+    lib.fa_last_error.restype = C.c_char_p
+    args = sys.argv[2:]
+    hdims, ours_only, tag = (64, 128, 256), False, "ours"
+    if "--hdims" in args:
+        i = args.index("--hdims")
+        hdims = tuple(int(x) for x in args[i + 1].split(","))
+        del args[i:i + 2]
+    if "--tag" in args:
+        i = args.index("--tag")
+        tag = args[i + 1]
+        del args[i:i + 2]
+    if "--ours-only" in args:
+        ours_only = True
+        args.remove("--ours-only")
+    seqlens = [int(s) for s in args] or [1024, 2048, 8192]
+    print("# device", torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
+          flush=True)
+    print("backend\thdim\tcausal\tseqlen\tbatch\theads\tms\ttflops", flush=True)
+    tokens = 16384
+    for hdim in hdims:
+        heads = 2048 // hdim
+        for causal in (False, True):
+            for seqlen in seqlens:
+                batch = tokens // seqlen
+                q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                out = torch.empty_like(q)
+                p = FwdParams()
+                p.attn.q, p.attn.k, p.attn.v, p.out = view(q), view(k), view(v), view(out)
+                p.attn.causal = int(causal)
+                p.attn.window_left = p.attn.window_right = -1
+                ex = Exec()
+                ex.stream = torch.cuda.current_stream().cuda_stream
+                flops = 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
+
+                def ours():
+                    if lib.fa_forward(C.byref(p), C.byref(ex)) != 0:
+                        raise RuntimeError(lib.fa_last_error().decode())
+
+                results = {}
+                ours()
+                results[tag] = do_bench(ours, warmup=50, rep=200, return_mode="median")
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                ref = None
+                for name, be in () if ours_only else (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    try:
+                        with sdpa_kernel(be):
+                            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                            r = fn()
+                            if ref is None:
+                                ref = r
+                            results[name] = do_bench(fn, warmup=50, rep=200, return_mode="median")
+                    except Exception as e:  # backend refuses the shape
+                        print(f"# {name} failed: {type(e).__name__}: {str(e)[:80]}")
+                for name, ms in results.items():
+                    print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t{flops / ms / 1e9:.1f}",
+                          flush=True)
+                if ref is not None:
+                    diff = (out.float() - ref.transpose(1, 2).float()).abs().max().item()
+                    print(f"# check hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - sdpa| = {diff:.3e}",
+                          flush=True)
+                del q, k, v, out, ref
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
