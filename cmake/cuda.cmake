@@ -11,6 +11,30 @@ if(NOT FLASHATTN_CUDA STREQUAL "OFF")
   endif()
 endif()
 
+# CuTe/CUTLASS headers: from FLASHATTN_CUTLASS_DIR, else from the pinned pip package nvidia-cutlass. Under
+# AUTO a missing CUTLASS turns the CUDA backends off with a warning (so `pip install .` in an isolated build
+# environment still gives a working CPU package); under ON it is an error.
+set(FLASHATTN_CUTLASS_DIR "" CACHE PATH "CUTLASS include directory (holds cute/ and cutlass/)")
+if(FLASHATTN_WITH_CUDA AND NOT FLASHATTN_CUTLASS_DIR)
+  find_package(Python3 COMPONENTS Interpreter)
+  if(Python3_Interpreter_FOUND)
+    execute_process(
+      COMMAND ${Python3_EXECUTABLE} -c
+        "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
+      OUTPUT_VARIABLE _cutlass_inc OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _cutlass_rc ERROR_QUIET)
+  endif()
+  if(_cutlass_rc EQUAL 0 AND EXISTS "${_cutlass_inc}/cute/tensor.hpp")
+    set(FLASHATTN_CUTLASS_DIR "${_cutlass_inc}" CACHE PATH "" FORCE)
+  elseif(FLASHATTN_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "CUTLASS headers not found: pip install --no-deps nvidia-cutlass==4.2.0.0 "
+                        "or set FLASHATTN_CUTLASS_DIR")
+  else()
+    message(WARNING "flashattn: nvcc found but no CUTLASS headers (pip install --no-deps nvidia-cutlass==4.2.0.0, "
+                    "or -DFLASHATTN_CUTLASS_DIR=...): building without the CUDA backends")
+    set(FLASHATTN_WITH_CUDA OFF)
+  endif()
+endif()
+
 if(FLASHATTN_WITH_CUDA)
   # Each kernel family sets its own architectures on its targets (FLASHATTN_SM80_ARCHS below); the global
   # default only has to be something this CMake accepts, so the "a" (arch-specific) suffix, which CMake
@@ -25,21 +49,6 @@ if(FLASHATTN_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
 
-  # CuTe/CUTLASS headers: from FLASHATTN_CUTLASS_DIR, else from the pinned pip package nvidia-cutlass.
-  set(FLASHATTN_CUTLASS_DIR "" CACHE PATH "CUTLASS include directory (holds cute/ and cutlass/)")
-  if(NOT FLASHATTN_CUTLASS_DIR)
-    find_package(Python3 COMPONENTS Interpreter REQUIRED)
-    execute_process(
-      COMMAND ${Python3_EXECUTABLE} -c
-        "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
-      OUTPUT_VARIABLE _cutlass_inc OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _cutlass_rc ERROR_QUIET)
-    if(_cutlass_rc EQUAL 0 AND EXISTS "${_cutlass_inc}/cute/tensor.hpp")
-      set(FLASHATTN_CUTLASS_DIR "${_cutlass_inc}" CACHE PATH "" FORCE)
-    else()
-      message(FATAL_ERROR "CUTLASS headers not found: pip install --no-deps nvidia-cutlass==4.2.0.0 "
-                          "or set FLASHATTN_CUTLASS_DIR")
-    endif()
-  endif()
   message(STATUS "flashattn: CUDA backends ON (archs ${CMAKE_CUDA_ARCHITECTURES}, kernels ${FLASHATTN_KERNELS}, "
                  "CUTLASS ${FLASHATTN_CUTLASS_DIR})")
 
