@@ -1,5 +1,7 @@
 #include "attention_case.hpp"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -215,6 +217,23 @@ Accuracy Problem::check_backward() const {
       }
   }
   return acc;
+}
+
+void expect_matches_reference(const Case& c, bool backward) {
+  SCOPED_TRACE(c.name());
+  Problem pr(c);
+  Status st = pr.run_forward();
+  ASSERT_TRUE(st.ok()) << st.message;
+  Accuracy f = pr.check_forward();
+  EXPECT_TRUE(f.out.passed()) << "out: " << f.out.summary();
+  if (c.lse) EXPECT_TRUE(f.lse.passed()) << "lse: " << f.lse.summary();
+  if (!backward) return;
+  st = pr.run_backward();
+  ASSERT_TRUE(st.ok()) << st.message;
+  Accuracy g = pr.check_backward();
+  EXPECT_TRUE(g.dq.passed()) << "dq: " << g.dq.summary();
+  EXPECT_TRUE(g.dk.passed()) << "dk: " << g.dk.summary();
+  EXPECT_TRUE(g.dv.passed()) << "dv: " << g.dv.summary();
 }
 
 }  // namespace flashattn::testing

@@ -62,8 +62,16 @@ class Problem {
   fa_tensor qkv_tensor(const std::vector<uint8_t>& buf, bool key_rows, int64_t heads, int64_t dim) const;
 };
 
-// Element (b, r, h, c) of an output buffer laid out like the tensors Problem builds, as double.
-double element(const Problem& pr, const std::vector<uint8_t>& buf, bool key_rows, int64_t heads, int64_t dim,
-               int64_t b, int64_t r, int64_t h, int64_t c);
+// A default case with these sequence lengths.
+inline Case with_lengths(int64_t seqlen_q, int64_t seqlen_k) {
+  Case c;
+  c.seqlen_q = seqlen_q;
+  c.seqlen_k = seqlen_k;
+  return c;
+}
+
+// Runs the forward (and the backward when asked) through the public API on the CPU backend and expects
+// every output to pass the FlashAttention rule against the float64 reference (GoogleTest expectations).
+void expect_matches_reference(const Case& c, bool backward);
 
 }  // namespace flashattn::testing

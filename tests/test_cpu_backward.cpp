@@ -9,31 +9,13 @@
 namespace flashattn::testing {
 namespace {
 
-void expect_backward_matches(const Case& c) {
-  SCOPED_TRACE(c.name());
-  Problem pr(c);
-  Status st = pr.run_forward();
-  ASSERT_TRUE(st.ok()) << st.message;
-  st = pr.run_backward();
-  ASSERT_TRUE(st.ok()) << st.message;
-  Accuracy acc = pr.check_backward();
-  EXPECT_TRUE(acc.dq.passed()) << "dq: " << acc.dq.summary();
-  EXPECT_TRUE(acc.dk.passed()) << "dk: " << acc.dk.summary();
-  EXPECT_TRUE(acc.dv.passed()) << "dv: " << acc.dv.summary();
-}
-
-Case shape(int64_t sq, int64_t sk) {
-  Case c;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  return c;
-}
+void expect_backward_matches(const Case& c) { expect_matches_reference(c, true); }
 
 class BwdShapes : public ::testing::TestWithParam<std::tuple<std::pair<int64_t, int64_t>, int>> {};
 
 TEST_P(BwdShapes, MatchesReference) {
   auto [lens, mask] = GetParam();
-  Case c = shape(lens.first, lens.second);
+  Case c = with_lengths(lens.first, lens.second);
   c.causal = mask != 0;
   c.top_left = mask == 2;
   expect_backward_matches(c);
@@ -47,14 +29,14 @@ INSTANTIATE_TEST_SUITE_P(Seqlens, BwdShapes,
 
 TEST(CpuBackward, HeadDimsAndDtypes) {
   for (auto [d, dv] : {std::pair<int, int>{8, 8}, {72, 72}, {96, 96}, {128, 64}, {192, 128}, {256, 256}}) {
-    Case c = shape(70, 90);
+    Case c = with_lengths(70, 90);
     c.head_dim = d;
     c.head_dim_v = dv;
     c.causal = true;
     expect_backward_matches(c);
   }
   for (fa_dtype t : {FA_FLOAT32, FA_FLOAT16}) {
-    Case c = shape(100, 130);
+    Case c = with_lengths(100, 130);
     c.dtype = t;
     expect_backward_matches(c);
   }
@@ -62,20 +44,20 @@ TEST(CpuBackward, HeadDimsAndDtypes) {
 
 TEST(CpuBackward, GqaWindowsSoftcapAlibi) {
   for (auto [hq, hkv] : {std::pair<int, int>{8, 1}, {6, 2}}) {
-    Case c = shape(80, 120);
+    Case c = with_lengths(80, 120);
     c.heads_q = hq;
     c.heads_kv = hkv;
     c.causal = true;
     expect_backward_matches(c);
   }
-  Case w = shape(150, 150);
+  Case w = with_lengths(150, 150);
   w.window_left = 20;
   w.window_right = 7;
   expect_backward_matches(w);
   w.top_left = true;
   w.softcap = 2.f;
   expect_backward_matches(w);
-  Case a = shape(90, 140);
+  Case a = with_lengths(90, 140);
   a.alibi = true;
   a.causal = true;
   expect_backward_matches(a);
@@ -91,14 +73,14 @@ TEST(CpuBackward, VarlenSequsedStrides) {
   expect_backward_matches(c);
   c.seqused_k = {200, 2, 0, 17};
   expect_backward_matches(c);
-  Case s = shape(70, 70);
+  Case s = with_lengths(70, 70);
   s.head_pad = 8;
   s.batch = 2;
   expect_backward_matches(s);
 }
 
 TEST(CpuBackward, FullyMaskedRowsHaveZeroGradient) {
-  Case c = shape(40, 10);
+  Case c = with_lengths(40, 10);
   c.top_left = true;
   c.window_left = 0;
   c.window_right = 0;
@@ -106,7 +88,7 @@ TEST(CpuBackward, FullyMaskedRowsHaveZeroGradient) {
 }
 
 TEST(CpuBackward, DeterministicRunToRun) {
-  Case c = shape(200, 260);
+  Case c = with_lengths(200, 260);
   c.heads_q = 4;
   c.heads_kv = 1;
   c.causal = true;
@@ -124,7 +106,7 @@ TEST(CpuBackward, DeterministicRunToRun) {
 // perturbed inputs are stored in fp32, and the difference quotient divides by the stored difference.
 TEST(CpuBackward, MatchesFiniteDifferences) {
   for (int variant = 0; variant < 3; ++variant) {
-    Case c = shape(5, 7);
+    Case c = with_lengths(5, 7);
     c.dtype = FA_FLOAT32;
     c.head_dim = 8;
     c.heads_q = 2;

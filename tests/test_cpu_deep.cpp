@@ -8,23 +8,6 @@
 namespace flashattn::testing {
 namespace {
 
-void check(const Case& c, bool bwd) {
-  SCOPED_TRACE(c.name());
-  Problem pr(c);
-  Status st = pr.run_forward();
-  ASSERT_TRUE(st.ok()) << st.message;
-  Accuracy f = pr.check_forward();
-  EXPECT_TRUE(f.out.passed()) << "out: " << f.out.summary();
-  if (c.lse) EXPECT_TRUE(f.lse.passed()) << "lse: " << f.lse.summary();
-  if (!bwd) return;
-  st = pr.run_backward();
-  ASSERT_TRUE(st.ok()) << st.message;
-  Accuracy g = pr.check_backward();
-  EXPECT_TRUE(g.dq.passed()) << "dq: " << g.dq.summary();
-  EXPECT_TRUE(g.dk.passed()) << "dk: " << g.dk.summary();
-  EXPECT_TRUE(g.dv.passed()) << "dv: " << g.dv.summary();
-}
-
 TEST(CpuDeep, LargeShapes) {
   for (auto [sq, sk] : {std::pair<int, int>{1023, 1024}, {1024, 1023}, {2049, 777}}) {
     Case c;
@@ -32,14 +15,14 @@ TEST(CpuDeep, LargeShapes) {
     c.seqlen_k = sk;
     c.causal = true;
     c.head_dim = 128;
-    check(c, true);
+    expect_matches_reference(c, true);
   }
   Case c;
   c.seqlen_q = c.seqlen_k = 300;
   c.head_dim = 256;
   c.heads_q = 4;
   c.heads_kv = 2;
-  check(c, true);
+  expect_matches_reference(c, true);
 }
 
 TEST(CpuDeep, RandomFeatureCombinations) {
@@ -74,7 +57,7 @@ TEST(CpuDeep, RandomFeatureCombinations) {
       c.seqlen_q = 1 + pick(260);
       c.seqlen_k = 1 + pick(260);
     }
-    check(c, true);
+    expect_matches_reference(c, true);
   }
 }
 

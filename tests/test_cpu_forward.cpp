@@ -9,28 +9,13 @@
 namespace flashattn::testing {
 namespace {
 
-void expect_forward_matches(const Case& c) {
-  SCOPED_TRACE(c.name());
-  Problem pr(c);
-  Status st = pr.run_forward();
-  ASSERT_TRUE(st.ok()) << st.message;
-  Accuracy acc = pr.check_forward();
-  EXPECT_TRUE(acc.out.passed()) << "out: " << acc.out.summary();
-  if (c.lse) EXPECT_TRUE(acc.lse.passed()) << "lse: " << acc.lse.summary();
-}
-
-Case shape(int64_t sq, int64_t sk) {
-  Case c;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  return c;
-}
+void expect_forward_matches(const Case& c) { expect_matches_reference(c, false); }
 
 class OddShapes : public ::testing::TestWithParam<std::tuple<std::pair<int64_t, int64_t>, int>> {};
 
 TEST_P(OddShapes, MatchesReference) {
   auto [lens, mask] = GetParam();
-  Case c = shape(lens.first, lens.second);
+  Case c = with_lengths(lens.first, lens.second);
   c.causal = mask != 0;
   c.top_left = mask == 2;
   expect_forward_matches(c);
@@ -47,7 +32,7 @@ class HeadDims : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(HeadDims, MatchesReference) {
   for (bool causal : {false, true}) {
-    Case c = shape(77, 130);
+    Case c = with_lengths(77, 130);
     c.head_dim = GetParam().first;
     c.head_dim_v = GetParam().second;
     c.causal = causal;
@@ -66,7 +51,7 @@ INSTANTIATE_TEST_SUITE_P(Dims, HeadDims,
 TEST(CpuForward, DtypesAndThreads) {
   for (fa_dtype t : {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16})
     for (int threads : {1, 2}) {
-      Case c = shape(150, 311);
+      Case c = with_lengths(150, 311);
       c.dtype = t;
       c.threads = threads;
       c.causal = true;
@@ -76,7 +61,7 @@ TEST(CpuForward, DtypesAndThreads) {
 
 TEST(CpuForward, GroupedQueryAttention) {
   for (auto [hq, hkv] : {std::pair<int, int>{8, 1}, {6, 2}, {4, 1}, {4, 4}}) {
-    Case c = shape(97, 161);
+    Case c = with_lengths(97, 161);
     c.heads_q = hq;
     c.heads_kv = hkv;
     c.causal = true;
@@ -87,21 +72,21 @@ TEST(CpuForward, GroupedQueryAttention) {
 TEST(CpuForward, Windows) {
   for (auto [l, r] : {std::pair<int, int>{16, 0}, {8, 8}, {0, 0}, {-1, 5}, {32, -1}, {100, 3}})
     for (auto lens : {std::pair<int, int>{130, 130}, {70, 200}, {200, 70}}) {
-      Case c = shape(lens.first, lens.second);
+      Case c = with_lengths(lens.first, lens.second);
       c.window_left = l;
       c.window_right = r;
       expect_forward_matches(c);
       c.top_left = true;
       expect_forward_matches(c);
     }
-  Case c = shape(150, 150);
+  Case c = with_lengths(150, 150);
   c.causal = true;
   c.window_left = 40;
   expect_forward_matches(c);
 }
 
 TEST(CpuForward, SoftcapAndAlibi) {
-  Case c = shape(120, 190);
+  Case c = with_lengths(120, 190);
   c.softcap = 2.f;  // small cap: tanh is far from linear on these logits
   expect_forward_matches(c);
   c.softcap = 0.f;
@@ -130,7 +115,7 @@ TEST(CpuForward, Varlen) {
 }
 
 TEST(CpuForward, BatchedSequsedAndStrides) {
-  Case c = shape(65, 140);
+  Case c = with_lengths(65, 140);
   c.batch = 3;
   c.seqused_k = {140, 17, 0};
   c.head_pad = 8;
@@ -142,7 +127,7 @@ TEST(CpuForward, BatchedSequsedAndStrides) {
 
 TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfLse) {
   // Top-left window (0, 0) with more queries than keys: rows >= seqlen_k see nothing.
-  Case c = shape(40, 10);
+  Case c = with_lengths(40, 10);
   c.top_left = true;
   c.window_left = 0;
   c.window_right = 0;
@@ -163,7 +148,7 @@ TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfLse) {
 }
 
 TEST(CpuForward, NanInputPropagatesToItsRowOnly) {
-  Case c = shape(70, 90);
+  Case c = with_lengths(70, 90);
   c.dtype = FA_FLOAT32;
   Problem pr(c);
   const float nan = std::nanf("");
@@ -183,7 +168,7 @@ TEST(CpuForward, NanInputPropagatesToItsRowOnly) {
 }
 
 TEST(CpuForward, ThreadCountDoesNotChangeBits) {
-  Case c = shape(300, 300);
+  Case c = with_lengths(300, 300);
   c.causal = true;
   c.threads = 1;
   Problem a(c);

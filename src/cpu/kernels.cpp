@@ -119,12 +119,6 @@ RowTransform row_transform(const Problem& p, int64_t b, int64_t h, int64_t i, in
   return t;
 }
 
-// NaN-propagating max: once a NaN is seen it stays, so the row's output becomes NaN.
-inline float row_max(const float* s, int n, float m) {
-  for (int c = 0; c < n; ++c) m = (s[c] > m || s[c] != s[c]) ? s[c] : m;
-  return m;
-}
-
 int thread_count(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
 
 // Logits of a key tile against a query tile held transposed, St[key][query] (queries along the vector
@@ -145,7 +139,7 @@ inline void logits_tile_t(const TileMask& t, int64_t i0, int64_t j0, int bq, int
     const float j = float(j0 + c);
     for (int v = 0; v < bq; v += kVecFloats) {
       vfloat x = vload(st + int64_t(c) * bq + v) * t.scale;
-      if (t.softcap > 0.f) x = t.softcap * vtanh(x * inv_cap);
+      if (t.softcap > 0.f) x = t.softcap * tanh_fast(x * inv_cap);
       const vfloat diag = iota + float(i0 + v) + t.off;
       if (t.slope != 0.f) {
         vfloat dist = diag - j;
@@ -225,11 +219,11 @@ Error forward_impl(const Problem& p, int threads) {
           }
           // Rows that have seen no visible key keep m = -inf; subtracting 0 instead keeps exp(-inf) = 0.
           const vfloat m_use = mx == kNegInf ? vfloat{} : mx;
-          const vfloat a = vexp_nonpositive(vload(m.data() + q) - m_use);
+          const vfloat a = exp_nonpositive(vload(m.data() + q) - m_use);
           vfloat sum{};
           for (int c = 0; c < dm.bk; ++c) {
             float* sp = st.data() + int64_t(c) * dm.bq + q;
-            vfloat e = vexp_nonpositive(vload(sp) - m_use);
+            vfloat e = exp_nonpositive(vload(sp) - m_use);
             vstore(sp, e);
             sum += e;
           }

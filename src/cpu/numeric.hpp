@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "flashattn/flashattn.h"
 
@@ -86,36 +87,52 @@ inline float round_to(float x) {
   return Storage<T>::load(Storage<T>::store(x));
 }
 
-// exp(x) for x <= 0 (softmax arguments after max subtraction), relative error ~2e-7 over the range.
-// Branch-free: range reduction to 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial for 2^f.
+// 2^n for integral-valued n in [-126, 127], built from the exponent bits (float or a GCC float vector).
+template <class T>
+inline T pow2_integral(T n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return bits_to_float(uint32_t(int32_t(n) + 127) << 23);
+  } else {
+    typedef int32_t Bits __attribute__((vector_size(sizeof(T))));
+    Bits b = (__builtin_convertvector(n, Bits) + 127) << 23;
+    T r;
+    std::memcpy(&r, &b, sizeof r);
+    return r;
+  }
+}
+
+// exp(x) for x <= 0 (softmax arguments after max subtraction), relative error ~2e-7 over the range, for
+// float and for the CPU kernels' float vectors (one definition, so scalar and vector paths agree bit for
+// bit). Branch-free: range reduction to 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial for 2^f.
 // exp(-inf) = 0 exactly (masked scores), NaN propagates.
-inline float exp_nonpositive(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kMin = -126.f;  // 2^-126: smaller results flush to 0
-  constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to nearest integer
-  float t = x * kLog2e;
-  float tc = t >= kMin ? t : kMin;  // also maps NaN to kMin; the NaN is restored below
-  float n = (tc + kRound) - kRound;
-  float f = tc - n;
-  // Minimax-quality Taylor coefficients of 2^f = e^(f ln2) on [-0.5, 0.5].
-  float p = 1.535336188319500e-4f;
+template <class T>
+inline T exp_nonpositive(T x) {
+  const T zero{};
+  const T k_min = zero + -126.f;        // 2^-126: smaller results flush to 0
+  const T k_round = zero + 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to nearest integer
+  T t = x * 1.44269504088896341f;       // log2(e)
+  T tc = t >= k_min ? t : k_min;        // also maps NaN to k_min; the NaN is restored below
+  T n = (tc + k_round) - k_round;
+  T f = tc - n;
+  // Taylor coefficients of 2^f = e^(f ln2) on [-0.5, 0.5].
+  T p = zero + 1.535336188319500e-4f;
   p = p * f + 1.339887440266574e-3f;
   p = p * f + 9.618437357674640e-3f;
   p = p * f + 5.550332471162809e-2f;
   p = p * f + 2.402264791363012e-1f;
   p = p * f + 6.931472028550421e-1f;
   p = p * f + 1.0f;
-  float scale = bits_to_float(uint32_t(int32_t(n) + 127) << 23);
-  float r = p * scale;
-  r = t < kMin ? 0.f : r;
+  T r = p * pow2_integral(n);
+  r = t < k_min ? zero : r;
   return x != x ? x : r;
 }
 
-// tanh through exp_nonpositive (vectorisable): tanh|x| = (1 - e^-2|x|) / (1 + e^-2|x|).
-inline float tanh_fast(float x) {
-  float a = x < 0.f ? -x : x;
-  float e = exp_nonpositive(-2.f * a);
-  float t = (1.f - e) / (1.f + e);
+// tanh through exp_nonpositive: tanh|x| = (1 - e^-2|x|) / (1 + e^-2|x|).
+template <class T>
+inline T tanh_fast(T x) {
+  T a = x < 0.f ? -x : x;
+  T e = exp_nonpositive(-2.f * a);
+  T t = (1.f - e) / (1.f + e);
   return x < 0.f ? -t : t;
 }
 

@@ -78,35 +78,6 @@ inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* 
   }
 }
 
-// Vector forms of numeric.hpp's exp_nonpositive and tanh_fast (same constants, same results per lane).
-typedef int32_t vint __attribute__((vector_size(FA_CPU_VEC_BYTES)));
-
-inline vfloat vexp_nonpositive(vfloat x) {
-  const vfloat kMin = vbroadcast(-126.f), kRound = vbroadcast(12582912.f);
-  vfloat t = x * 1.44269504088896341f;
-  vfloat tc = t >= kMin ? t : kMin;
-  vfloat n = (tc + kRound) - kRound;
-  vfloat f = tc - n;
-  vfloat p = vbroadcast(1.535336188319500e-4f);
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
-  vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
-  vfloat r = p * reinterpret_cast<vfloat&>(bits);
-  r = t < kMin ? vfloat{} : r;
-  return x != x ? x : r;
-}
-
-inline vfloat vtanh(vfloat x) {
-  vfloat a = x < 0.f ? -x : x;
-  vfloat e = vexp_nonpositive(-2.f * a);
-  vfloat t = (1.f - e) / (1.f + e);
-  return x < 0.f ? -t : t;
-}
-
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 }  // namespace flashattn::cpu::FA_CPU_ISA
