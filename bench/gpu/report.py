@@ -76,6 +76,8 @@ def markdown(out_dir, work, rows):
     L += ["", "## Correctness", ""]
     L.append(f"- C++ GPU suite: {ctest.get('gpu', 'n/a') if ctest else 'n/a'}")
     L.append(f"- C++ CPU suite (`ctest -LE gpu`): {ctest.get('cpu', 'n/a') if ctest else 'n/a'}")
+    L.append(f"- Python package tests (`pytest tests/python`, torch + CUDA cases): "
+             f"{ctest.get('pytest', 'n/a') if ctest else 'n/a'}")
     if check:
         L.append(f"- Python GPU suite (check.py, {check.get('mode')}, seed {check.get('seed')}): "
                  f"**{check['summary']}**; {check.get('ours', '')}")

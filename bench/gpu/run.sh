@@ -273,6 +273,19 @@ if ! skip check; then
   stamp "$(grep -E '^# check:' "$CHECK_LOG" | tail -1)"
 fi
 
+# ------------------------------------------------------------------ b2. the Python package's own tests
+# tests/python on this machine: the numpy CPU tests and the torch tests with their CUDA cases (autograd,
+# torch.compile fullgraph, CUDA-graph capture and replay, non-contiguous inputs, GQA, varlen).
+PYTEST="not run"
+if ! skip pytest && [[ -n ${PYROOT:-} && -d $REPO/tests/python ]]; then
+  stamp "pytest tests/python" | tee -a "$CHECK_LOG"
+  (cd "$REPO" && timeout "$(left 240 60)" "$PY" -m pytest tests/python -q -rs -p no:cacheprovider) \
+    >"$WORK/pytest.log" 2>&1 || STATUS=1
+  cat "$WORK/pytest.log" >>"$CHECK_LOG"
+  PYTEST=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$WORK/pytest.log" | tail -1 | tr -d '=' | xargs)
+  stamp "pytest: ${PYTEST:-no summary (see check.log)}" | tee -a "$CHECK_LOG"
+fi
+
 # ------------------------------------------------------------------ c. compute-sanitizer
 # The subset: ctest tests labelled 'sanitizer' (the C++ suite's small cases) and the Python --tiny cases
 # (through the binding; in --quick only when there are no ctest ones). Only our kernels are instrumented
@@ -359,7 +372,7 @@ EOF
 fi
 
 finish_ctest
-echo "{\"gpu\": $(json_str "$GPU_CT"), \"cpu\": $(json_str "$CPU_CT")}" >"$WORK/ctest.json"
+echo "{\"gpu\": $(json_str "$GPU_CT"), \"cpu\": $(json_str "$CPU_CT"), \"pytest\": $(json_str "${PYTEST:-not run}")}" >"$WORK/ctest.json"
 
 # ------------------------------------------------------------------ d. benchmarks
 if ! skip bench; then
