@@ -26,3 +26,18 @@ constexpr FwdTiles fwd_tiles(int head_dim) {
 }
 
 }  // namespace flashattn::cuda::sm80
+
+namespace flashattn::cuda::sm80 {
+
+// Tiles of the backward (src/cuda/sm80/bwd_kernel.cuh). Each CTA of the main kernel owns block_k keys and
+// walks the query rows block_q at a time; the dQ kernel (deterministic mode) owns block_q rows and walks keys.
+// threads / block_k threads share one key row (they split its head_dim columns in pairs), and
+// block_q * block_k / threads score entries per thread.
+struct BwdTiles {
+  int block_q;
+  int block_k;
+  int threads;
+};
+constexpr BwdTiles bwd_tiles(int /*head_dim*/) { return {32, 32, 256}; }
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,583 @@
+// Backward of the sm80 backend: the FlashAttention-2 algorithm (Dao 2023, Alg. 2) in four kernels.
+//   1. preprocess: D = rowsum(dO * O) per (query head, row) in fp32; zeroes the fp32 dQ accumulator.
+//   2. main (dkdv_kernel): grid = key blocks x query heads x batch. K/V of the block stay in shared memory and
+//      dK/dV in registers while the CTA walks the query blocks that can see the block (causal/window block
+//      skipping); per step P is recomputed from Q K^T and the saved LSE, dP = dO V^T, dS = P (dP - D) times
+//      d logit / d raw score (scale, softcap derivative), dV += P^T dO, dK += dS^T Q, and dQ += dS K goes
+//      into the fp32 accumulator with atomicAdd.
+//   3. deterministic mode: the main kernel skips dQ and dq_kernel (grid = query blocks) recomputes P/dS and
+//      sums dQ in registers over the key blocks in a fixed order: bit-identical results run to run.
+//   4. postprocess: dQ accumulator -> output dtype; GQA: the per-query-head fp32 dK/dV summed over each group in
+//      a fixed order -> output dtype.
+// The math is fp32 SIMT in shared memory (this first version favours being right over speed; tensor-core MMA
+// is the next step, see src/cuda/NOTES.md). Any head dim that is a multiple of 8 up to the compiled one runs by
+// zero-filled shared-memory columns and predicated stores.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/sm80/bwd_params.hpp"
+#include "cuda/sm80/tiles.hpp"
+
+namespace flashattn::cuda::sm80 {
+namespace bwd {
+
+template <fa_dtype>
+struct Native;
+template <>
+struct Native<FA_FLOAT16> {
+  using T = __half;
+  using T2 = __half2;
+  static __device__ float2 to_float2(T2 x) { return __half22float2(x); }
+  static __device__ T2 from_float2(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <>
+struct Native<FA_BFLOAT16> {
+  using T = __nv_bfloat16;
+  using T2 = __nv_bfloat162;
+  static __device__ float2 to_float2(T2 x) { return __bfloat1622float2(x); }
+  static __device__ T2 from_float2(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+
+constexpr int kVecElems = 8;  // one 16-byte vector of fp16/bf16 (pointers and strides are 16-byte aligned)
+
+// 8 storage elements (one 16-byte vector) <-> 8 floats.
+template <fa_dtype kDtype>
+__device__ inline void unpack8(const uint4& v, float (&f)[kVecElems]) {
+  using N = Native<kDtype>;
+  const auto* pairs = reinterpret_cast<const typename N::T2*>(&v);
+#pragma unroll
+  for (int e = 0; e < kVecElems / 2; ++e) {
+    const float2 x = N::to_float2(pairs[e]);
+    f[2 * e] = x.x;
+    f[2 * e + 1] = x.y;
+  }
+}
+template <fa_dtype kDtype>
+__device__ inline uint4 pack8(const float* f) {
+  using N = Native<kDtype>;
+  uint4 v;
+  auto* pairs = reinterpret_cast<typename N::T2*>(&v);
+#pragma unroll
+  for (int e = 0; e < kVecElems / 2; ++e) pairs[e] = N::from_float2(f[2 * e], f[2 * e + 1]);
+  return v;
+}
+__device__ inline uint4 load_vec(const void* smem) { return *reinterpret_cast<const uint4*>(smem); }
+
+template <int kHeadDim>
+struct Traits {
+  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim);
+  static constexpr int kBlockM = kTiles.block_q;
+  static constexpr int kBlockN = kTiles.block_k;
+  static constexpr int kThreads = kTiles.threads;
+  // Threads that share one row (score row / key row); thread lane c0 of a row owns the 8-column chunks
+  // c0 + kRowThreads * x, so the kRowThreads lanes of a row read 8 consecutive chunks (all 32 banks) at once.
+  static constexpr int kRowThreads = kThreads / kBlockN;
+  static constexpr int kChunksPerThread = kHeadDim / (kVecElems * kRowThreads);
+  static constexpr int kAccPerThread = kChunksPerThread * kVecElems;  // fp32 accumulators per output row part
+  static constexpr int kScoresPerThread = kBlockM * kBlockN / kThreads;
+  // Shared-memory row pitch: one extra 16-byte vector shifts consecutive rows by 4 banks, so the 8 rows a warp
+  // reads at one column land in 8 distinct 4-bank groups, and rows stay 16-byte aligned for vector stores.
+  static constexpr int kPitch = kHeadDim + kVecElems;
+  static constexpr int kScorePitch = kBlockN + 1;  // odd: column reads of P/dS hit distinct banks
+  static constexpr int kSmemBytes = (2 * kBlockM + 2 * kBlockN) * kPitch * 2 + 2 * kBlockM * kScorePitch * 4 +
+                                    2 * kBlockM * 4;
+  static_assert(kThreads % kBlockN == 0 && kThreads % kBlockM == 0, "rows must split evenly over the threads");
+  static_assert(kHeadDim % (kVecElems * kRowThreads) == 0, "column chunks must split evenly over a row's threads");
+  static_assert(kBlockM * kBlockN % kThreads == 0, "scores must split evenly over the threads");
+  static_assert(kBlockM == kBlockN, "the score mapping (row = tid / kRowThreads) assumes square tiles");
+};
+
+// One sequence of the batch: row ranges (global rows index the fp32 workspace), key length after seqused_k,
+// and the diagonal offset of the masks.
+struct SeqInfo {
+  int64_t q_row0 = 0, k_row0 = 0;  // global row of the sequence's first query / key
+  int len_q = 0, len_k = 0;        // len_k: keys used (seqused_k), the only keys that get gradient
+  int rows_k = 0;                  // keys stored for the sequence (>= len_k); gradients written for all
+  int off = 0;                     // mask diagonal: query i sits at key i + off
+  bool varlen = false;
+  int b = 0;
+  __device__ SeqInfo(const BwdParams& p, int batch) : b(batch) {
+    varlen = p.cu_seqlens_q != nullptr;
+    if (varlen) {
+      q_row0 = p.cu_seqlens_q[b];
+      len_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+      k_row0 = p.cu_seqlens_k[b];
+      rows_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    } else {
+      q_row0 = int64_t(b) * p.seqlen_q;
+      len_q = p.seqlen_q;
+      k_row0 = int64_t(b) * p.seqlen_k;
+      rows_k = p.seqlen_k;
+    }
+    len_k = p.seqused_k != nullptr ? min(p.seqused_k[b], rows_k) : rows_k;
+    off = p.bottom_right ? len_k - len_q : 0;
+  }
+  // Element offset of row r (of this sequence) of head h in a tensor with these strides.
+  __device__ int64_t q_offset(int64_t batch_stride, int64_t row_stride, int64_t head_stride, int r, int h) const {
+    return varlen ? (q_row0 + r) * row_stride + int64_t(h) * head_stride
+                  : int64_t(b) * batch_stride + int64_t(r) * row_stride + int64_t(h) * head_stride;
+  }
+  __device__ int64_t k_offset(int64_t batch_stride, int64_t row_stride, int64_t head_stride, int r, int h) const {
+    return varlen ? (k_row0 + r) * row_stride + int64_t(h) * head_stride
+                  : int64_t(b) * batch_stride + int64_t(r) * row_stride + int64_t(h) * head_stride;
+  }
+};
+
+// Mask policy: which (query i, key j) pairs of a sequence are visible (keys past seqused_k never are), and the
+// query/key ranges a block can see (block skipping for causal and sliding windows).
+struct Visibility {
+  int len_q, len_k, off, left, right;  // left/right < 0: unbounded side
+  __device__ Visibility(const BwdParams& p, const SeqInfo& s)
+      : len_q(s.len_q), len_k(s.len_k), off(s.off), left(p.has_window ? p.window_left : -1),
+        right(p.has_window ? p.window_right : -1) {}
+  __device__ bool operator()(int i, int j) const {
+    if (i >= len_q || j >= len_k) return false;
+    const int diag = i + off;
+    return (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right);
+  }
+  // Query rows [begin, end) that see at least one key of [n0, n0 + block_n).
+  __device__ int2 query_range(int n0, int block_n) const {
+    int begin = 0, end = len_q;
+    if (n0 >= len_k) return make_int2(0, 0);
+    if (right >= 0) begin = max(begin, n0 - off - right);
+    if (left >= 0) end = min(end, n0 + block_n - 1 - off + left + 1);
+    return make_int2(begin, max(begin, end));
+  }
+  // Keys [begin, end) that rows [m0, m0 + rows) can see.
+  __device__ int2 key_range(int m0, int rows) const {
+    int begin = 0, end = len_k;
+    if (left >= 0) begin = max(begin, m0 + off - left);
+    if (right >= 0) end = min(end, m0 + rows - 1 + off + right + 1);
+    return make_int2(begin, max(begin, end));
+  }
+};
+
+// Copies rows [0, rows_valid) x columns [0, cols_valid) of a global tile into shared memory (pitch kPitch) in
+// 16-byte vectors; everything else (rows past the sequence, columns past the head dim) becomes zero, so the dot
+// products over the compiled head dim need no predicates.
+template <class Tr, int kRows, class T>
+__device__ void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_valid, int cols_valid) {
+  constexpr int kChunks = (Tr::kPitch - kVecElems) / kVecElems;
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += Tr::kThreads) {
+    const int r = idx / kChunks, ch = idx % kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < rows_valid && ch * kVecElems < cols_valid)
+      v = *reinterpret_cast<const uint4*>(gmem + int64_t(r) * row_stride + ch * kVecElems);
+    *reinterpret_cast<uint4*>(smem + r * Tr::kPitch + ch * kVecElems) = v;
+  }
+}
+
+template <int kHeadDim>
+struct Smem {
+  using Tr = Traits<kHeadDim>;
+  template <class T>
+  struct Tiles {
+    T* q;
+    T* dout;
+    T* k;
+    T* v;
+    float* p;     // [kBlockM][kScorePitch] probabilities
+    float* ds;    // [kBlockM][kScorePitch] raw-score gradients
+    float* lse;   // [kBlockM]
+    float* dsum;  // [kBlockM]
+  };
+  template <class T>
+  static __device__ Tiles<T> carve(unsigned char* base) {
+    Tiles<T> t;
+    T* e = reinterpret_cast<T*>(base);
+    t.q = e;
+    t.dout = t.q + Tr::kBlockM * Tr::kPitch;
+    t.k = t.dout + Tr::kBlockM * Tr::kPitch;
+    t.v = t.k + Tr::kBlockN * Tr::kPitch;
+    float* f = reinterpret_cast<float*>(t.v + Tr::kBlockN * Tr::kPitch);
+    t.p = f;
+    t.ds = t.p + Tr::kBlockM * Tr::kScorePitch;
+    t.lse = t.ds + Tr::kBlockM * Tr::kScorePitch;
+    t.dsum = t.lse + Tr::kBlockM;
+    return t;
+  }
+};
+
+// Loads LSE and D of query rows [m0, m0 + kBlockM); rows past the sequence get LSE = -inf (P = 0).
+template <class Tr>
+__device__ void load_row_stats(const BwdParams& p, const SeqInfo& s, int h, int m0, float* lse, float* dsum) {
+  for (int r = threadIdx.x; r < Tr::kBlockM; r += Tr::kThreads) {
+    const int i = m0 + r;
+    const bool valid = i < s.len_q;
+    lse[r] = valid ? p.lse[s.q_offset(p.lse_batch, p.lse_row, p.lse_head, i, h)] : -INFINITY;
+    dsum[r] = valid ? p.dsum[int64_t(h) * p.rows_q + s.q_row0 + i] : 0.f;
+  }
+}
+
+// P and dS of the tile (query rows m0.., keys n0..) from the Q, dO, K, V tiles in shared memory.
+// Thread t computes row t / kRowThreads, keys t % kRowThreads + kRowThreads * k.
+template <fa_dtype kDtype, int kHeadDim>
+__device__ void scores_and_grads(const BwdParams& p, const SeqInfo& s, const Visibility& vis, float slope, int m0,
+                                 int n0, const typename Smem<kHeadDim>::template Tiles<typename Native<kDtype>::T>& t) {
+  using Tr = Traits<kHeadDim>;
+  using N = Native<kDtype>;
+  const int r = threadIdx.x / Tr::kRowThreads, c0 = threadIdx.x % Tr::kRowThreads;
+  float acc_s[Tr::kScoresPerThread] = {}, acc_dp[Tr::kScoresPerThread] = {};
+  for (int x = 0; x < kHeadDim / kVecElems; ++x) {
+    float qv[kVecElems], gv[kVecElems];
+    unpack8<kDtype>(load_vec(t.q + r * Tr::kPitch + x * kVecElems), qv);
+    unpack8<kDtype>(load_vec(t.dout + r * Tr::kPitch + x * kVecElems), gv);
+#pragma unroll
+    for (int k = 0; k < Tr::kScoresPerThread; ++k) {
+      const int j = c0 + Tr::kRowThreads * k;
+      float kv[kVecElems], vv[kVecElems];
+      unpack8<kDtype>(load_vec(t.k + j * Tr::kPitch + x * kVecElems), kv);
+      unpack8<kDtype>(load_vec(t.v + j * Tr::kPitch + x * kVecElems), vv);
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) {
+        acc_s[k] = fmaf(qv[e], kv[e], acc_s[k]);
+        acc_dp[k] = fmaf(gv[e], vv[e], acc_dp[k]);
+      }
+    }
+  }
+  const int i = m0 + r;
+  const float lse = t.lse[r], dsum = t.dsum[r];
+#pragma unroll
+  for (int k = 0; k < Tr::kScoresPerThread; ++k) {
+    const int jl = c0 + Tr::kRowThreads * k, j = n0 + jl;
+    float logit, dlogit;  // logit and d logit / d raw score
+    if (p.softcap > 0.f) {
+      const float th = tanhf(acc_s[k] * p.softcap_in_scale);
+      logit = p.softcap * th;
+      dlogit = p.scale * (1.f - th * th);
+    } else {
+      logit = acc_s[k] * p.scale;
+      dlogit = p.scale;
+    }
+    logit -= slope * fabsf(float(i + s.off - j));
+    // Fully masked rows (lse = -inf) and masked keys have P = 0 exactly, never exp(-inf + inf).
+    const bool live = vis(i, j) && lse != -INFINITY;
+    const float prob = live ? expf(logit - lse) : 0.f;
+    t.p[r * Tr::kScorePitch + jl] = prob;
+    t.ds[r * Tr::kScorePitch + jl] = prob != 0.f ? prob * (acc_dp[k] - dsum) * dlogit : 0.f;
+  }
+}
+
+// Column of the first element of chunk x of lane c0 (see Traits::kRowThreads).
+template <class Tr>
+__device__ inline int chunk_col(int c0, int x) {
+  return (c0 + Tr::kRowThreads * x) * kVecElems;
+}
+
+// dQ rows of the tile: thread t owns row t / kRowThreads and its column chunks; adds sum_j dS[r][j] K[j][c].
+template <fa_dtype kDtype, int kHeadDim>
+__device__ void dq_tile(const typename Smem<kHeadDim>::template Tiles<typename Native<kDtype>::T>& t,
+                        float (&acc)[Traits<kHeadDim>::kAccPerThread]) {
+  using Tr = Traits<kHeadDim>;
+  const int r = threadIdx.x / Tr::kRowThreads, c0 = threadIdx.x % Tr::kRowThreads;
+  for (int j = 0; j < Tr::kBlockN; ++j) {
+    const float ds = t.ds[r * Tr::kScorePitch + j];
+#pragma unroll
+    for (int x = 0; x < Tr::kChunksPerThread; ++x) {
+      float kv[kVecElems];
+      unpack8<kDtype>(load_vec(t.k + j * Tr::kPitch + chunk_col<Tr>(c0, x)), kv);
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) acc[x * kVecElems + e] = fmaf(ds, kv[e], acc[x * kVecElems + e]);
+    }
+  }
+}
+
+// Stores this thread's chunks of one output row (columns < cols) in the storage dtype, or as fp32.
+template <fa_dtype kDtype, class Tr>
+__device__ void store_row(typename Native<kDtype>::T* row, const float* acc, int c0, int cols) {
+#pragma unroll
+  for (int x = 0; x < Tr::kChunksPerThread; ++x) {
+    const int c = chunk_col<Tr>(c0, x);
+    if (c < cols) *reinterpret_cast<uint4*>(row + c) = pack8<kDtype>(acc + x * kVecElems);
+  }
+}
+template <class Tr>
+__device__ void store_row_f32(float* row, const float* acc, int c0, int cols) {
+#pragma unroll
+  for (int x = 0; x < Tr::kChunksPerThread; ++x) {
+    const int c = chunk_col<Tr>(c0, x);
+    if (c < cols)
+#pragma unroll
+      for (int e = 0; e < kVecElems; e += 4)
+        *reinterpret_cast<float4*>(row + c + e) =
+            make_float4(acc[x * kVecElems + e], acc[x * kVecElems + e + 1], acc[x * kVecElems + e + 2],
+                        acc[x * kVecElems + e + 3]);
+  }
+}
+
+__device__ inline float alibi_slope(const BwdParams& p, int b, int h) {
+  return p.alibi != nullptr ? p.alibi[int64_t(b) * p.alibi_batch_stride + h] : 0.f;
+}
+
+template <fa_dtype kDtype, int kHeadDim, bool kAtomicDq>
+__global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dkdv_kernel(const BwdParams p) {
+  using Tr = Traits<kHeadDim>;
+  using N = Native<kDtype>;
+  using T = typename N::T;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const auto t = Smem<kHeadDim>::template carve<T>(smem_raw);
+
+  const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
+  const SeqInfo s(p, b);
+  if (n0 >= s.rows_k) return;
+  const int hk = h / p.group;
+  const Visibility vis(p, s);
+  const float slope = alibi_slope(p, b, h);
+
+  load_tile<Tr, Tr::kBlockN>(t.k, static_cast<const T*>(p.k) + s.k_offset(p.k_batch, p.k_row, p.k_head, n0, hk),
+                             p.k_row, s.len_k - n0, p.head_dim);
+  load_tile<Tr, Tr::kBlockN>(t.v, static_cast<const T*>(p.v) + s.k_offset(p.v_batch, p.v_row, p.v_head, n0, hk),
+                             p.v_row, s.len_k - n0, p.head_dim_v);
+
+  const int kr = threadIdx.x / Tr::kRowThreads, c0 = threadIdx.x % Tr::kRowThreads;  // key row, column lane
+  float dk[Tr::kAccPerThread] = {}, dv[Tr::kAccPerThread] = {};
+  const int2 rows = vis.query_range(n0, Tr::kBlockN);
+  for (int m0 = rows.x; m0 < rows.y; m0 += Tr::kBlockM) {
+    __syncthreads();  // the previous step's readers are done with Q/dO/P/dS
+    load_tile<Tr, Tr::kBlockM>(t.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
+                               p.q_row, s.len_q - m0, p.head_dim);
+    load_tile<Tr, Tr::kBlockM>(t.dout,
+                               static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
+                               p.do_row, s.len_q - m0, p.head_dim_v);
+    load_row_stats<Tr>(p, s, h, m0, t.lse, t.dsum);
+    __syncthreads();
+    scores_and_grads<kDtype, kHeadDim>(p, s, vis, slope, m0, n0, t);
+    __syncthreads();
+    // dV += P^T dO, dK += dS^T Q for this thread's key row.
+    for (int r = 0; r < Tr::kBlockM; ++r) {
+      const float pr = t.p[r * Tr::kScorePitch + kr], ds = t.ds[r * Tr::kScorePitch + kr];
+#pragma unroll
+      for (int x = 0; x < Tr::kChunksPerThread; ++x) {
+        float gv[kVecElems], qv[kVecElems];
+        unpack8<kDtype>(load_vec(t.dout + r * Tr::kPitch + chunk_col<Tr>(c0, x)), gv);
+        unpack8<kDtype>(load_vec(t.q + r * Tr::kPitch + chunk_col<Tr>(c0, x)), qv);
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) {
+          dv[x * kVecElems + e] = fmaf(pr, gv[e], dv[x * kVecElems + e]);
+          dk[x * kVecElems + e] = fmaf(ds, qv[e], dk[x * kVecElems + e]);
+        }
+      }
+    }
+    if constexpr (kAtomicDq) {
+      float dq[Tr::kAccPerThread] = {};
+      dq_tile<kDtype, kHeadDim>(t, dq);
+      const int i = m0 + kr;  // here kr is the query row of the tile (same thread mapping)
+      if (i < s.len_q) {
+        float* dst = p.dq_acc + (int64_t(h) * p.rows_q + s.q_row0 + i) * p.head_dim;
+#pragma unroll
+        for (int x = 0; x < Tr::kChunksPerThread; ++x) {
+          const int c = chunk_col<Tr>(c0, x);
+          if (c < p.head_dim)
+#pragma unroll
+            for (int e = 0; e < kVecElems; ++e) atomicAdd(dst + c + e, dq[x * kVecElems + e]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: every stored key row of the block (keys past seqused_k hold zeros: no query saw them).
+  const int j = n0 + kr;
+  if (j >= s.rows_k) return;
+  if (p.group == 1) {
+    store_row<kDtype, Tr>(static_cast<T*>(p.dk) + s.k_offset(p.dk_batch, p.dk_row, p.dk_head, j, h), dk, c0,
+                          p.head_dim);
+    store_row<kDtype, Tr>(static_cast<T*>(p.dv) + s.k_offset(p.dv_batch, p.dv_row, p.dv_head, j, h), dv, c0,
+                          p.head_dim_v);
+  } else {
+    store_row_f32<Tr>(p.dk_acc + (int64_t(h) * p.rows_k + s.k_row0 + j) * p.head_dim, dk, c0, p.head_dim);
+    store_row_f32<Tr>(p.dv_acc + (int64_t(h) * p.rows_k + s.k_row0 + j) * p.head_dim_v, dv, c0, p.head_dim_v);
+  }
+}
+
+// Deterministic dQ: grid = query blocks x query heads x batch; the key blocks a row block sees are summed in
+// registers in ascending order, then stored in the output dtype.
+template <fa_dtype kDtype, int kHeadDim>
+__global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dq_kernel(const BwdParams p) {
+  using Tr = Traits<kHeadDim>;
+  using N = Native<kDtype>;
+  using T = typename N::T;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const auto t = Smem<kHeadDim>::template carve<T>(smem_raw);
+
+  const int m0 = blockIdx.x * Tr::kBlockM, h = blockIdx.y, b = blockIdx.z;
+  const SeqInfo s(p, b);
+  if (m0 >= s.len_q) return;
+  const int hk = h / p.group;
+  const Visibility vis(p, s);
+  const float slope = alibi_slope(p, b, h);
+  load_tile<Tr, Tr::kBlockM>(t.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
+                             p.q_row, s.len_q - m0, p.head_dim);
+  load_tile<Tr, Tr::kBlockM>(t.dout, static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
+                             p.do_row, s.len_q - m0, p.head_dim_v);
+  load_row_stats<Tr>(p, s, h, m0, t.lse, t.dsum);
+
+  float dq[Tr::kAccPerThread] = {};
+  const int2 keys = vis.key_range(m0, min(Tr::kBlockM, s.len_q - m0));
+  for (int n0 = keys.x; n0 < keys.y; n0 += Tr::kBlockN) {
+    __syncthreads();  // previous step's readers are done with K/V/dS
+    load_tile<Tr, Tr::kBlockN>(t.k, static_cast<const T*>(p.k) + s.k_offset(p.k_batch, p.k_row, p.k_head, n0, hk),
+                               p.k_row, s.len_k - n0, p.head_dim);
+    load_tile<Tr, Tr::kBlockN>(t.v, static_cast<const T*>(p.v) + s.k_offset(p.v_batch, p.v_row, p.v_head, n0, hk),
+                               p.v_row, s.len_k - n0, p.head_dim_v);
+    __syncthreads();
+    scores_and_grads<kDtype, kHeadDim>(p, s, vis, slope, m0, n0, t);
+    __syncthreads();
+    dq_tile<kDtype, kHeadDim>(t, dq);
+  }
+  const int r = threadIdx.x / Tr::kRowThreads, c0 = threadIdx.x % Tr::kRowThreads;
+  const int i = m0 + r;
+  if (i >= s.len_q) return;
+  store_row<kDtype, Tr>(static_cast<T*>(p.dq) + s.q_offset(p.dq_batch, p.dq_row, p.dq_head, i, h), dq, c0,
+                        p.head_dim);
+}
+
+constexpr int kWarp = 32;
+constexpr int kAuxThreads = 256;  // preprocess / postprocess block size
+
+// Decodes a global query/key row into (sequence offset terms) for the element offset of a batched tensor.
+__device__ inline int64_t global_row_offset(bool varlen, int64_t g, int64_t seqlen, int64_t batch_stride,
+                                            int64_t row_stride) {
+  return varlen ? g * row_stride : (g / seqlen) * batch_stride + (g % seqlen) * row_stride;
+}
+
+// One warp per (query head, global row): D = sum_c dO * O in fp32; zeroes the row of the dQ accumulator.
+template <fa_dtype kDtype>
+__global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams p) {
+  using N = Native<kDtype>;
+  using T2 = typename N::T2;
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (w >= int64_t(p.heads_q) * p.rows_q) return;
+  const int h = int(w / p.rows_q);
+  const int64_t g = w % p.rows_q;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const T2* o = reinterpret_cast<const T2*>(static_cast<const typename N::T*>(p.out) +
+                                            global_row_offset(varlen, g, p.seqlen_q, p.o_batch, p.o_row) +
+                                            int64_t(h) * p.o_head);
+  const T2* d = reinterpret_cast<const T2*>(static_cast<const typename N::T*>(p.dout) +
+                                            global_row_offset(varlen, g, p.seqlen_q, p.do_batch, p.do_row) +
+                                            int64_t(h) * p.do_head);
+  float acc = 0.f;
+  for (int c = lane; c < p.head_dim_v / 2; c += kWarp) {
+    const float2 a = N::to_float2(o[c]), e = N::to_float2(d[c]);
+    acc = fmaf(a.x, e.x, fmaf(a.y, e.y, acc));
+  }
+  for (int m = kWarp / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  if (lane == 0) p.dsum[w] = acc;
+  if (p.dq_acc != nullptr)
+    for (int c = lane; c < p.head_dim; c += kWarp) p.dq_acc[w * p.head_dim + c] = 0.f;
+}
+
+// Rows of the workspace that belong to a sequence (varlen tensors may hold rows past the last sequence).
+__device__ inline int64_t live_rows(const int32_t* cu, int batch, int64_t rows) { return cu ? cu[batch] : rows; }
+
+// dQ accumulator -> output dtype (one thread per column pair).
+template <fa_dtype kDtype>
+__global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const BwdParams p) {
+  using N = Native<kDtype>;
+  const int64_t pairs = p.head_dim / 2;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= int64_t(p.heads_q) * p.rows_q * pairs) return;
+  const int64_t w = idx / pairs, c = 2 * (idx % pairs);
+  const int h = int(w / p.rows_q);
+  const int64_t g = w % p.rows_q;
+  if (g >= live_rows(p.cu_seqlens_q, p.batch, p.rows_q)) return;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  auto* dst = static_cast<typename N::T*>(p.dq) + global_row_offset(varlen, g, p.seqlen_q, p.dq_batch, p.dq_row) +
+              int64_t(h) * p.dq_head + c;
+  const float* src = p.dq_acc + w * p.head_dim + c;
+  *reinterpret_cast<typename N::T2*>(dst) = N::from_float2(src[0], src[1]);
+}
+
+// GQA: dK/dV of kv head hk = sum over its group of query heads, in ascending head order (deterministic).
+template <fa_dtype kDtype>
+__global__ void __launch_bounds__(kAuxThreads) dkdv_reduce_kernel(const BwdParams p) {
+  using N = Native<kDtype>;
+  const int width = max(p.head_dim, p.head_dim_v) / 2;  // column pairs
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= int64_t(p.heads_kv) * p.rows_k * width) return;
+  const int64_t w = idx / width;
+  const int c = int(2 * (idx % width));
+  const int hk = int(w / p.rows_k);
+  const int64_t g = w % p.rows_k;
+  if (g >= live_rows(p.cu_seqlens_k, p.batch, p.rows_k)) return;
+  const bool varlen = p.cu_seqlens_k != nullptr;
+  if (c < p.head_dim) {
+    float a = 0.f, e = 0.f;
+    for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+      const float* src = p.dk_acc + (int64_t(h) * p.rows_k + g) * p.head_dim + c;
+      a += src[0];
+      e += src[1];
+    }
+    auto* dst = static_cast<typename N::T*>(p.dk) + global_row_offset(varlen, g, p.seqlen_k, p.dk_batch, p.dk_row) +
+                int64_t(hk) * p.dk_head + c;
+    *reinterpret_cast<typename N::T2*>(dst) = N::from_float2(a, e);
+  }
+  if (c < p.head_dim_v) {
+    float a = 0.f, e = 0.f;
+    for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+      const float* src = p.dv_acc + (int64_t(h) * p.rows_k + g) * p.head_dim_v + c;
+      a += src[0];
+      e += src[1];
+    }
+    auto* dst = static_cast<typename N::T*>(p.dv) + global_row_offset(varlen, g, p.seqlen_k, p.dv_batch, p.dv_row) +
+                int64_t(hk) * p.dv_head + c;
+    *reinterpret_cast<typename N::T2*>(dst) = N::from_float2(a, e);
+  }
+}
+
+inline unsigned aux_blocks(int64_t threads) { return unsigned((threads + kAuxThreads - 1) / kAuxThreads); }
+
+template <class Kernel>
+cudaError_t opt_in_smem(Kernel kernel, int bytes) {
+  constexpr int kDefaultSmemLimit = 48 * 1024;  // larger dynamic smem must be opted into per kernel
+  if (bytes <= kDefaultSmemLimit) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+}  // namespace bwd
+
+template <fa_dtype kDtype, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  using Tr = bwd::Traits<kHeadDim>;
+  const int64_t q_warps = int64_t(p.heads_q) * p.rows_q;
+  if (q_warps > 0) bwd::preprocess_kernel<kDtype><<<bwd::aux_blocks(q_warps * bwd::kWarp), bwd::kAuxThreads, 0, stream>>>(p);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+
+  const dim3 key_grid(unsigned((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(p.heads_q), unsigned(p.batch));
+  if (key_grid.x > 0) {
+    if (p.deterministic) {
+      auto kernel = &bwd::dkdv_kernel<kDtype, kHeadDim, false>;
+      if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
+      kernel<<<key_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+    } else {
+      auto kernel = &bwd::dkdv_kernel<kDtype, kHeadDim, true>;
+      if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
+      kernel<<<key_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+    }
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  if (p.deterministic) {
+    const dim3 q_grid(unsigned((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
+    auto kernel = &bwd::dq_kernel<kDtype, kHeadDim>;
+    if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
+    if (q_grid.x > 0) kernel<<<q_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  } else {
+    const int64_t n = q_warps * (p.head_dim / 2);
+    if (n > 0) bwd::dq_convert_kernel<kDtype><<<bwd::aux_blocks(n), bwd::kAuxThreads, 0, stream>>>(p);
+  }
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (p.group > 1) {
+    const int64_t n = int64_t(p.heads_kv) * p.rows_k * (std::max(p.head_dim, p.head_dim_v) / 2);
+    if (n > 0) bwd::dkdv_reduce_kernel<kDtype><<<bwd::aux_blocks(n), bwd::kAuxThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace flashattn::cuda::sm80
