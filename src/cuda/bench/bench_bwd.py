@@ -3,7 +3,9 @@ same protocol as shared/anchors/sdpa_bench.py: triton do_bench median, bf16, bat
 model dim 2048 (heads = 2048 / hdim), FLOPs 2.5 * 4*B*H*S*S*D (halved when causal). Only the backward is timed
 (ours: fa_backward on a saved out/lse; SDPA: autograd.grad on a retained graph).
 
-    python3 bench_bwd.py path/to/libflashattn_capi.so [seqlen ...] [--hdims 64,128] [--deterministic]
+    python3 bench_bwd.py LIB[:TAG] [LIB2[:TAG2] ...] [seqlen ...] [--hdims 64,128] [--deterministic]
+
+Several libraries (e.g. two builds of the backward) are timed in the same process, next to the same SDPA runs.
 
 Prints TSV: backend hdim causal seqlen batch heads ms tflops, and max |ours - flash2| of dq, dk, dv per shape.
 """
@@ -32,11 +34,16 @@ def lse_view(t):
 
 
 def main():
-    lib = C.CDLL(sys.argv[1])
-    lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
-    lib.fa_backward.argtypes = [C.POINTER(BwdParams), C.POINTER(Exec)]
-    lib.fa_last_error.restype = C.c_char_p
-    args = sys.argv[2:]
+    args = sys.argv[1:]
+    libs = []
+    for a in [a for a in args if ".so" in a]:
+        path, _, tag = a.partition(":")
+        lib = C.CDLL(path)
+        lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
+        lib.fa_backward.argtypes = [C.POINTER(BwdParams), C.POINTER(Exec)]
+        lib.fa_last_error.restype = C.c_char_p
+        libs.append((tag or "ours", lib))
+        args.remove(a)
     hdims = (64, 128)
     if "--hdims" in args:
         i = args.index("--hdims")
@@ -46,7 +53,6 @@ def main():
     if deterministic:
         args.remove("--deterministic")
     seqlens = [int(s) for s in args] or [2048, 8192]
-    tag = "ours_det" if deterministic else "ours"
     print("# device", torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
           flush=True)
     print("backend\thdim\tcausal\tseqlen\tbatch\theads\tms\ttflops", flush=True)
@@ -71,17 +77,21 @@ def main():
                 ex = Exec()
                 ex.stream = torch.cuda.current_stream().cuda_stream
                 ex.deterministic = int(deterministic)
-                if lib.fa_forward(C.byref(fp), C.byref(ex)) != 0:
-                    raise RuntimeError(lib.fa_last_error().decode())
                 flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
-
-                def ours():
-                    if lib.fa_backward(C.byref(p), C.byref(ex)) != 0:
+                results, grads = {}, {}
+                for tag, lib in libs:
+                    if lib.fa_forward(C.byref(fp), C.byref(ex)) != 0:
                         raise RuntimeError(lib.fa_last_error().decode())
 
-                results = {}
-                ours()
-                results[tag] = do_bench(ours, warmup=25, rep=100, return_mode="median")
+                    def ours():
+                        if lib.fa_backward(C.byref(p), C.byref(ex)) != 0:
+                            raise RuntimeError(lib.fa_last_error().decode())
+
+                    ours()
+                    grads[tag] = [t.clone() for t in (dq, dk, dv)]
+                    if deterministic:
+                        tag += "_det"
+                    results[tag] = do_bench(ours, warmup=25, rep=100, return_mode="median")
                 ref = None
                 for name, be in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                     try:
@@ -100,11 +110,11 @@ def main():
                 for name, ms in results.items():
                     print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t{flops / ms / 1e9:.1f}",
                           flush=True)
-                if ref is not None:
-                    diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip((dq, dk, dv), ref)]
-                    print(f"# check hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - flash2| "
+                for tag, g in grads.items() if ref is not None else ():
+                    diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(g, ref)]
+                    print(f"# check {tag} hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - flash2| "
                           f"dq {diffs[0]:.3e} dk {diffs[1]:.3e} dv {diffs[2]:.3e}", flush=True)
-                del q, k, v, do, out, lse, dq, dk, dv, ref
+                del q, k, v, do, out, lse, dq, dk, dv, ref, grads
                 torch.cuda.empty_cache()
 
 

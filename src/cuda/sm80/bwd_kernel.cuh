@@ -16,10 +16,12 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/sm80/bwd_params.hpp"
 #include "cuda/sm80/tiles.hpp"
@@ -44,6 +46,7 @@ struct Native<FA_BFLOAT16> {
   static __device__ T2 from_float2(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 
+constexpr int kWarpSize = 32;
 constexpr int kVecElems = 8;  // one 16-byte vector of fp16/bf16 (pointers and strides are 16-byte aligned)
 
 // 8 storage elements (one 16-byte vector) <-> 8 floats.
@@ -320,7 +323,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dkdv_kernel(const 
   using Tr = Traits<kHeadDim>;
   using N = Native<kDtype>;
   using T = typename N::T;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   const auto t = Smem<kHeadDim>::template carve<T>(smem_raw);
 
   const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
@@ -402,7 +405,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dq_kernel(const Bw
   using Tr = Traits<kHeadDim>;
   using N = Native<kDtype>;
   using T = typename N::T;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   const auto t = Smem<kHeadDim>::template carve<T>(smem_raw);
 
   const int m0 = blockIdx.x * Tr::kBlockM, h = blockIdx.y, b = blockIdx.z;
@@ -435,6 +438,310 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dq_kernel(const Bw
   if (i >= s.len_q) return;
   store_row<kDtype, Tr>(static_cast<T*>(p.dq) + s.q_offset(p.dq_batch, p.dq_row, p.dq_head, i, h), dq, c0,
                         p.head_dim);
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tensor-core variant (experimental): the five GEMMs of a step on mma.sync m16n8k16 through nvcuda::wmma 16x16x16
+// fragments (fp32 accumulation), operands from the same padded shared-memory tiles. Transposed operands (K^T,
+// V^T, P^T, dS^T) are the same tiles read as column-major fragments: no transpose copies. P and dS are rounded to
+// the storage dtype for the MMAs (as FA2 does); S, dP and all accumulators stay fp32.
+namespace wmma = nvcuda::wmma;
+constexpr int kFrag = 16;
+
+template <int kHeadDim>
+struct MmaTraits {
+  static constexpr int kBlockM = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kBlockN = kBlockM;
+  static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kPitch = kHeadDim + kVecElems;       // storage-dtype tiles (multiple of 8: wmma ldm rule)
+  static constexpr int kScorePitch = kBlockN + 4;           // fp32 S / dP (multiple of 4: wmma ldm rule)
+  static constexpr int kProbPitch = kBlockN + kVecElems;    // storage-dtype P / dS
+  static constexpr int kAccPitch = kHeadDim + 4;            // fp32 staging of dQ / dK / dV fragments
+  static constexpr int kScoreJobs = 2 * (kBlockM / kFrag) * (kBlockN / kFrag);  // S and dP output fragments
+  static constexpr int kKeyTiles = (kBlockN / kFrag) * (kHeadDim / kFrag);      // dK or dV fragments of a CTA
+  static constexpr int kKeyTilesPerWarp = kKeyTiles / kWarps;
+  static constexpr int kRowTiles = (kBlockM / kFrag) * (kHeadDim / kFrag);      // dQ fragments of a CTA
+  static constexpr int kRowTilesPerWarp = kRowTiles / kWarps;
+  static_assert(kKeyTiles % kWarps == 0 && kRowTiles % kWarps == 0, "fragments must split evenly over warps");
+  static constexpr int kFloatRegion = 2 * kBlockM * kScorePitch > kBlockM * kAccPitch ? 2 * kBlockM * kScorePitch
+                                                                                      : kBlockM * kAccPitch;
+  static constexpr int kSmemBytes = (2 * kBlockM + 2 * kBlockN) * kPitch * 2 + 2 * kBlockM * kProbPitch * 2 +
+                                    kFloatRegion * 4 + 2 * kBlockM * 4;
+};
+
+template <class T, int kHeadDim>
+struct MmaSmem {
+  using Tr = MmaTraits<kHeadDim>;
+  T* q;
+  T* dout;
+  T* k;
+  T* v;
+  T* p;        // [kBlockM][kProbPitch] probabilities (storage dtype)
+  T* ds;       // [kBlockM][kProbPitch] raw-score gradients (storage dtype)
+  float* s;    // [kBlockM][kScorePitch] raw scores Q.K^T
+  float* dp;   // [kBlockM][kScorePitch] dO.V^T
+  float* acc;  // [kBlockM][kAccPitch] fragment staging; aliases s/dp (used only after they are consumed)
+  float* lse;
+  float* dsum;
+  __device__ explicit MmaSmem(unsigned char* base) {
+    q = reinterpret_cast<T*>(base);
+    dout = q + Tr::kBlockM * Tr::kPitch;
+    k = dout + Tr::kBlockM * Tr::kPitch;
+    v = k + Tr::kBlockN * Tr::kPitch;
+    p = v + Tr::kBlockN * Tr::kPitch;
+    ds = p + Tr::kBlockM * Tr::kProbPitch;
+    s = reinterpret_cast<float*>(ds + Tr::kBlockM * Tr::kProbPitch);
+    dp = s + Tr::kBlockM * Tr::kScorePitch;
+    acc = s;
+    lse = s + Tr::kFloatRegion;
+    dsum = lse + Tr::kBlockM;
+  }
+};
+
+template <class T>
+using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, wmma::row_major>;
+template <class T>
+using FragAT = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, wmma::col_major>;
+template <class T>
+using FragB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::row_major>;
+template <class T>
+using FragBT = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
+
+// S = Q K^T and dP = dO V^T of the step into fp32 shared memory (one 16x16 output fragment per job).
+template <class T, int kHeadDim>
+__device__ void mma_scores(const MmaSmem<T, kHeadDim>& sm) {
+  using Tr = MmaTraits<kHeadDim>;
+  constexpr int kTilesN = Tr::kBlockN / kFrag, kPerMatrix = Tr::kScoreJobs / 2;
+  for (int job = threadIdx.x / kWarpSize; job < Tr::kScoreJobs; job += Tr::kWarps) {
+    const bool is_dp = job >= kPerMatrix;
+    const int tile = job % kPerMatrix, tm = tile / kTilesN, tn = tile % kTilesN;
+    const T* a = (is_dp ? sm.dout : sm.q) + tm * kFrag * Tr::kPitch;
+    const T* b = (is_dp ? sm.v : sm.k) + tn * kFrag * Tr::kPitch;
+    FragC c;
+    wmma::fill_fragment(c, 0.f);
+#pragma unroll 4
+    for (int kk = 0; kk < kHeadDim; kk += kFrag) {
+      FragA<T> fa;
+      FragBT<T> fb;  // K^T (V^T): K rows read as a column-major B operand
+      wmma::load_matrix_sync(fa, a + kk, Tr::kPitch);
+      wmma::load_matrix_sync(fb, b + kk, Tr::kPitch);
+      wmma::mma_sync(c, fa, fb, c);
+    }
+    wmma::store_matrix_sync((is_dp ? sm.dp : sm.s) + tm * kFrag * Tr::kScorePitch + tn * kFrag, c, Tr::kScorePitch,
+                            wmma::mem_row_major);
+  }
+}
+
+// P and dS from S, dP, LSE and D (same math as scores_and_grads), rounded to the storage dtype.
+template <fa_dtype kDtype, int kHeadDim>
+__device__ void mma_probs(const BwdParams& p, const SeqInfo& s, const Visibility& vis, float slope, int m0, int n0,
+                          const MmaSmem<typename Native<kDtype>::T, kHeadDim>& sm) {
+  using Tr = MmaTraits<kHeadDim>;
+  using T = typename Native<kDtype>::T;
+  for (int idx = threadIdx.x; idx < Tr::kBlockM * Tr::kBlockN; idx += Tr::kThreads) {
+    const int r = idx / Tr::kBlockN, jl = idx % Tr::kBlockN, i = m0 + r, j = n0 + jl;
+    const float raw = sm.s[r * Tr::kScorePitch + jl], lse = sm.lse[r];
+    float logit, dlogit;
+    if (p.softcap > 0.f) {
+      const float th = tanhf(raw * p.softcap_in_scale);
+      logit = p.softcap * th;
+      dlogit = p.scale * (1.f - th * th);
+    } else {
+      logit = raw * p.scale;
+      dlogit = p.scale;
+    }
+    logit -= slope * fabsf(float(i + s.off - j));
+    const bool live = vis(i, j) && lse != -INFINITY;
+    const float prob = live ? expf(logit - lse) : 0.f;
+    const float ds = prob != 0.f ? prob * (sm.dp[r * Tr::kScorePitch + jl] - sm.dsum[r]) * dlogit : 0.f;
+    sm.p[r * Tr::kProbPitch + jl] = T(prob);
+    sm.ds[r * Tr::kProbPitch + jl] = T(ds);
+  }
+}
+
+// acc (rows x kHeadDim output, fragments tile = warp + kWarps * x) += A(rows x inner) * B(inner x kHeadDim), A
+// read transposed (col-major) when kTransposeA. Used for dV += P^T dO, dK += dS^T Q, dQ += dS K.
+template <class T, int kHeadDim, bool kTransposeA, int kTiles, int kInner>
+__device__ void mma_accumulate(FragC (&acc)[kTiles], const T* a, int lda, const T* b) {
+  using Tr = MmaTraits<kHeadDim>;
+  constexpr int kTilesC = kHeadDim / kFrag;
+  const int warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int x = 0; x < kTiles; ++x) {
+    const int tile = warp + Tr::kWarps * x, tr = tile / kTilesC, tc = tile % kTilesC;
+#pragma unroll
+    for (int kk = 0; kk < kInner; kk += kFrag) {
+      FragB<T> fb;
+      wmma::load_matrix_sync(fb, b + kk * Tr::kPitch + tc * kFrag, Tr::kPitch);
+      if constexpr (kTransposeA) {
+        FragAT<T> fa;  // element (row, kk) of A^T lives at a[kk * lda + row]
+        wmma::load_matrix_sync(fa, a + kk * lda + tr * kFrag, lda);
+        wmma::mma_sync(acc[x], fa, fb, acc[x]);
+      } else {
+        FragA<T> fa;
+        wmma::load_matrix_sync(fa, a + tr * kFrag * lda + kk, lda);
+        wmma::mma_sync(acc[x], fa, fb, acc[x]);
+      }
+    }
+  }
+}
+
+// Stages fragments into sm.acc (fp32, row-major kBlockM x kHeadDim).
+template <class T, int kHeadDim, int kTiles>
+__device__ void stage_fragments(const MmaSmem<T, kHeadDim>& sm, const FragC (&acc)[kTiles]) {
+  using Tr = MmaTraits<kHeadDim>;
+  constexpr int kTilesC = kHeadDim / kFrag;
+  const int warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int x = 0; x < kTiles; ++x) {
+    const int tile = warp + Tr::kWarps * x, tr = tile / kTilesC, tc = tile % kTilesC;
+    wmma::store_matrix_sync(sm.acc + tr * kFrag * Tr::kAccPitch + tc * kFrag, acc[x], Tr::kAccPitch,
+                            wmma::mem_row_major);
+  }
+}
+
+// Writes staged rows [0, rows) x columns [0, cols) to a storage-dtype tensor (row pointer by row index) or
+// to an fp32 buffer, in 8-element chunks.
+template <fa_dtype kDtype, int kHeadDim, class RowPtr>
+__device__ void write_staged(const float* staged, int rows, int cols, RowPtr row_ptr) {
+  using Tr = MmaTraits<kHeadDim>;
+  constexpr int kChunks = kHeadDim / kVecElems;
+  for (int idx = threadIdx.x; idx < Tr::kBlockM * kChunks; idx += Tr::kThreads) {
+    const int r = idx / kChunks, c = (idx % kChunks) * kVecElems;
+    if (r < rows && c < cols) row_ptr(r, c, staged + r * Tr::kAccPitch + c);
+  }
+}
+
+template <fa_dtype kDtype, int kHeadDim, bool kAtomicDq>
+__global__ void __launch_bounds__(MmaTraits<kHeadDim>::kThreads) dkdv_mma_kernel(const BwdParams p) {
+  using Tr = MmaTraits<kHeadDim>;
+  using T = typename Native<kDtype>::T;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const MmaSmem<T, kHeadDim> sm(smem_raw);
+
+  const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
+  const SeqInfo s(p, b);
+  if (n0 >= s.rows_k) return;
+  const int hk = h / p.group;
+  const Visibility vis(p, s);
+  const float slope = alibi_slope(p, b, h);
+  load_tile<Tr, Tr::kBlockN>(sm.k, static_cast<const T*>(p.k) + s.k_offset(p.k_batch, p.k_row, p.k_head, n0, hk),
+                             p.k_row, s.len_k - n0, p.head_dim);
+  load_tile<Tr, Tr::kBlockN>(sm.v, static_cast<const T*>(p.v) + s.k_offset(p.v_batch, p.v_row, p.v_head, n0, hk),
+                             p.v_row, s.len_k - n0, p.head_dim_v);
+
+  FragC dk[Tr::kKeyTilesPerWarp], dv[Tr::kKeyTilesPerWarp];
+#pragma unroll
+  for (int x = 0; x < Tr::kKeyTilesPerWarp; ++x) {
+    wmma::fill_fragment(dk[x], 0.f);
+    wmma::fill_fragment(dv[x], 0.f);
+  }
+  const int2 rows = vis.query_range(n0, Tr::kBlockN);
+  for (int m0 = rows.x; m0 < rows.y; m0 += Tr::kBlockM) {
+    __syncthreads();  // the previous step's readers are done with every tile
+    load_tile<Tr, Tr::kBlockM>(sm.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
+                               p.q_row, s.len_q - m0, p.head_dim);
+    load_tile<Tr, Tr::kBlockM>(sm.dout,
+                               static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
+                               p.do_row, s.len_q - m0, p.head_dim_v);
+    load_row_stats<Tr>(p, s, h, m0, sm.lse, sm.dsum);
+    __syncthreads();
+    mma_scores<T, kHeadDim>(sm);
+    __syncthreads();
+    mma_probs<kDtype, kHeadDim>(p, s, vis, slope, m0, n0, sm);
+    __syncthreads();
+    mma_accumulate<T, kHeadDim, true, Tr::kKeyTilesPerWarp, Tr::kBlockM>(dv, sm.p, Tr::kProbPitch, sm.dout);
+    mma_accumulate<T, kHeadDim, true, Tr::kKeyTilesPerWarp, Tr::kBlockM>(dk, sm.ds, Tr::kProbPitch, sm.q);
+    if constexpr (kAtomicDq) {
+      FragC dq[Tr::kRowTilesPerWarp];
+#pragma unroll
+      for (int x = 0; x < Tr::kRowTilesPerWarp; ++x) wmma::fill_fragment(dq[x], 0.f);
+      mma_accumulate<T, kHeadDim, false, Tr::kRowTilesPerWarp, Tr::kBlockN>(dq, sm.ds, Tr::kProbPitch, sm.k);
+      stage_fragments(sm, dq);  // sm.acc aliases S/dP, consumed before the last barrier
+      __syncthreads();
+      float* dst = p.dq_acc + (int64_t(h) * p.rows_q + s.q_row0 + m0) * p.head_dim;
+      const int head_dim = p.head_dim;
+      write_staged<kDtype, kHeadDim>(sm.acc, s.len_q - m0, head_dim, [&](int r, int c, const float* src) {
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) atomicAdd(dst + int64_t(r) * head_dim + c + e, src[e]);
+      });
+    }
+  }
+
+  // Epilogue: every stored key row of the block (keys past seqused_k hold zeros: no query saw them).
+  const int rows_out = min(Tr::kBlockN, s.rows_k - n0);
+  for (int which = 0; which < 2; ++which) {
+    __syncthreads();  // sm.acc is free (previous readers done)
+    if (which == 0)
+      stage_fragments(sm, dk);
+    else
+      stage_fragments(sm, dv);
+    __syncthreads();
+    const int cols = which == 0 ? p.head_dim : p.head_dim_v;
+    if (p.group == 1) {
+      T* base = static_cast<T*>(which == 0 ? p.dk : p.dv);
+      const int64_t bs = which == 0 ? p.dk_batch : p.dv_batch, rs = which == 0 ? p.dk_row : p.dv_row,
+                    hs = which == 0 ? p.dk_head : p.dv_head;
+      write_staged<kDtype, kHeadDim>(sm.acc, rows_out, cols, [&](int r, int c, const float* src) {
+        *reinterpret_cast<uint4*>(base + s.k_offset(bs, rs, hs, n0 + r, h) + c) = pack8<kDtype>(src);
+      });
+    } else {
+      float* base = (which == 0 ? p.dk_acc : p.dv_acc) + (int64_t(h) * p.rows_k + s.k_row0 + n0) * cols;
+      write_staged<kDtype, kHeadDim>(sm.acc, rows_out, cols, [&](int r, int c, const float* src) {
+        float* d = base + int64_t(r) * cols + c;
+        reinterpret_cast<float4*>(d)[0] = make_float4(src[0], src[1], src[2], src[3]);
+        reinterpret_cast<float4*>(d)[1] = make_float4(src[4], src[5], src[6], src[7]);
+      });
+    }
+  }
+}
+
+template <fa_dtype kDtype, int kHeadDim>
+__global__ void __launch_bounds__(MmaTraits<kHeadDim>::kThreads) dq_mma_kernel(const BwdParams p) {
+  using Tr = MmaTraits<kHeadDim>;
+  using T = typename Native<kDtype>::T;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const MmaSmem<T, kHeadDim> sm(smem_raw);
+
+  const int m0 = blockIdx.x * Tr::kBlockM, h = blockIdx.y, b = blockIdx.z;
+  const SeqInfo s(p, b);
+  if (m0 >= s.len_q) return;
+  const int hk = h / p.group;
+  const Visibility vis(p, s);
+  const float slope = alibi_slope(p, b, h);
+  load_tile<Tr, Tr::kBlockM>(sm.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
+                             p.q_row, s.len_q - m0, p.head_dim);
+  load_tile<Tr, Tr::kBlockM>(sm.dout, static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
+                             p.do_row, s.len_q - m0, p.head_dim_v);
+  load_row_stats<Tr>(p, s, h, m0, sm.lse, sm.dsum);
+
+  FragC dq[Tr::kRowTilesPerWarp];
+#pragma unroll
+  for (int x = 0; x < Tr::kRowTilesPerWarp; ++x) wmma::fill_fragment(dq[x], 0.f);
+  const int2 keys = vis.key_range(m0, min(Tr::kBlockM, s.len_q - m0));
+  for (int n0 = keys.x; n0 < keys.y; n0 += Tr::kBlockN) {
+    __syncthreads();
+    load_tile<Tr, Tr::kBlockN>(sm.k, static_cast<const T*>(p.k) + s.k_offset(p.k_batch, p.k_row, p.k_head, n0, hk),
+                               p.k_row, s.len_k - n0, p.head_dim);
+    load_tile<Tr, Tr::kBlockN>(sm.v, static_cast<const T*>(p.v) + s.k_offset(p.v_batch, p.v_row, p.v_head, n0, hk),
+                               p.v_row, s.len_k - n0, p.head_dim_v);
+    __syncthreads();
+    mma_scores<T, kHeadDim>(sm);
+    __syncthreads();
+    mma_probs<kDtype, kHeadDim>(p, s, vis, slope, m0, n0, sm);
+    __syncthreads();
+    mma_accumulate<T, kHeadDim, false, Tr::kRowTilesPerWarp, Tr::kBlockN>(dq, sm.ds, Tr::kProbPitch, sm.k);
+  }
+  __syncthreads();
+  stage_fragments(sm, dq);
+  __syncthreads();
+  write_staged<kDtype, kHeadDim>(sm.acc, s.len_q - m0, p.head_dim, [&](int r, int c, const float* src) {
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + s.q_offset(p.dq_batch, p.dq_row, p.dq_head, m0 + r, h) + c) =
+        pack8<kDtype>(src);
+  });
 }
 
 constexpr int kWarp = 32;
@@ -543,9 +850,21 @@ cudaError_t opt_in_smem(Kernel kernel, int bytes) {
 
 }  // namespace bwd
 
+#ifdef FLASHATTN_SM80_BWD_MMA
+constexpr bool kBwdTensorCores = true;
+#else
+constexpr bool kBwdTensorCores = false;
+#endif
+
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Tr = bwd::Traits<kHeadDim>;
+  using Tr = std::conditional_t<kBwdTensorCores, bwd::MmaTraits<kHeadDim>, bwd::Traits<kHeadDim>>;
+  auto pick_main = [](auto atomic_dq) {
+    if constexpr (kBwdTensorCores)
+      return &bwd::dkdv_mma_kernel<kDtype, kHeadDim, decltype(atomic_dq)::value>;
+    else
+      return &bwd::dkdv_kernel<kDtype, kHeadDim, decltype(atomic_dq)::value>;
+  };
   const int64_t q_warps = int64_t(p.heads_q) * p.rows_q;
   if (q_warps > 0) bwd::preprocess_kernel<kDtype><<<bwd::aux_blocks(q_warps * bwd::kWarp), bwd::kAuxThreads, 0, stream>>>(p);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
@@ -553,11 +872,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const dim3 key_grid(unsigned((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(p.heads_q), unsigned(p.batch));
   if (key_grid.x > 0) {
     if (p.deterministic) {
-      auto kernel = &bwd::dkdv_kernel<kDtype, kHeadDim, false>;
+      auto kernel = pick_main(std::false_type{});
       if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
       kernel<<<key_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
     } else {
-      auto kernel = &bwd::dkdv_kernel<kDtype, kHeadDim, true>;
+      auto kernel = pick_main(std::true_type{});
       if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
       kernel<<<key_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
     }
@@ -565,7 +884,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   if (p.deterministic) {
     const dim3 q_grid(unsigned((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
-    auto kernel = &bwd::dq_kernel<kDtype, kHeadDim>;
+    auto kernel = kBwdTensorCores ? &bwd::dq_mma_kernel<kDtype, kHeadDim> : &bwd::dq_kernel<kDtype, kHeadDim>;
     if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
     if (q_grid.x > 0) kernel<<<q_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   } else {
