@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call for the backward: GPU test binaries (4 gtest shards side by side: the float64 reference is the
 # slow part), compute-sanitizer memcheck + racecheck on the backward sanitizer subset, backward timing next to
-# torch SDPA flash (FA2) and cuDNN.
+# torch SDPA flash (FA2) and cuDNN. Every phase has its own time limit so that a hang leaves the rest running.
 # Usage (from the staged source root): src/cuda/bench/device_run_bwd.sh OUT_DIR BUILD_DIR[:TAG] [BUILD_DIR2:TAG2]
 # The first build runs the whole suite (forward + backward); further builds (backward variants) run the backward.
 O=$1
@@ -14,7 +14,7 @@ LIBS=""
 for spec in "$@"; do
   B=${spec%%:*}; TAG=${spec#*:}; [ "$TAG" = "$spec" ] && TAG=ours
   for i in $(seq 0 $((SHARDS - 1))); do
-    GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i OMP_NUM_THREADS=4 timeout 120 "$B/flashattn_gpu_tests" \
+    GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i OMP_NUM_THREADS=4 timeout 45 "$B/flashattn_gpu_tests" \
       --gtest_brief=1 --gtest_filter="$FILTER" > "$O/tests_${TAG}_$i.log" 2>&1 &
   done
   wait
@@ -22,17 +22,19 @@ for spec in "$@"; do
   echo "== $TAG tests ($FILTER): $(grep -c '^\[       OK \]' "$O/tests_$TAG.log") ok lines"
   grep -E "tests ran|^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]" "$O/tests_$TAG.log"
   grep -E "^\[  FAILED  \] .*\." "$O/tests_$TAG.log" | sort -u | head -30
-  grep -A3 "Failure" "$O/tests_$TAG.log" | head -40
-  SUB='Sanitizer/Backward.*'
-  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/flashattn_gpu_tests" --gtest_brief=1 \
-    --gtest_filter="$SUB" > "$O/memcheck_$TAG.log" 2>&1
-  echo "== $TAG memcheck rc=$?"; tail -2 "$O/memcheck_$TAG.log"
-  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/flashattn_gpu_tests" --gtest_brief=1 \
-    --gtest_filter="$SUB" > "$O/racecheck_$TAG.log" 2>&1
-  echo "== $TAG racecheck rc=$?"; tail -2 "$O/racecheck_$TAG.log"
+  grep -A3 "Failure" "$O/tests_$TAG.log" | head -30
   LIBS="$LIBS $B/libflashattn_capi.so:$TAG"
   FILTER='*Backward*'
 done
-timeout 120 python3 src/cuda/bench/bench_bwd.py $LIBS 2048 8192 > "$O/bench_bwd.tsv" 2>&1
+SUB='Sanitizer/Backward.*'
+for spec in "$@"; do
+  B=${spec%%:*}; TAG=${spec#*:}; [ "$TAG" = "$spec" ] && TAG=ours
+  for tool in memcheck racecheck; do
+    timeout 30 compute-sanitizer --tool $tool --error-exitcode 9 "$B/flashattn_gpu_tests" --gtest_brief=1 \
+      --gtest_filter="$SUB" > "$O/${tool}_$TAG.log" 2>&1
+    echo "== $TAG $tool rc=$?"; tail -2 "$O/${tool}_$TAG.log"
+  done
+done
+timeout 60 python3 src/cuda/bench/bench_bwd.py $LIBS 2048 8192 > "$O/bench_bwd.tsv" 2>&1
 echo "== bench rc=$?"
 cat "$O/bench_bwd.tsv"
