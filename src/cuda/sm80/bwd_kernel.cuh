@@ -1,17 +1,19 @@
 // Backward of the sm80 backend: the FlashAttention-2 algorithm (Dao 2023, Alg. 2) in four kernels.
 //   1. preprocess: D = rowsum(dO * O) per (query head, row) in fp32; zeroes the fp32 dQ accumulator.
 //   2. main (dkdv_kernel): grid = key blocks x query heads x batch. K/V of the block stay in shared memory and
-//      dK/dV in registers while the CTA walks the query blocks that can see the block (causal/window block
-//      skipping); per step P is recomputed from Q K^T and the saved LSE, dP = dO V^T, dS = P (dP - D) times
-//      d logit / d raw score (scale, softcap derivative), dV += P^T dO, dK += dS^T Q, and dQ += dS K goes
-//      into the fp32 accumulator with atomicAdd.
+//      dK/dV in accumulator fragments (registers) while the CTA walks the query blocks that can see the block
+//      (causal/window block skipping); per step P is recomputed from Q K^T and the saved LSE, dP = dO V^T,
+//      dS = P (dP - D) times d logit / d raw score (scale, softcap derivative), dV += P^T dO, dK += dS^T Q, and
+//      dQ += dS K goes into the fp32 accumulator with atomicAdd.
 //   3. deterministic mode: the main kernel skips dQ and dq_kernel (grid = query blocks) recomputes P/dS and
 //      sums dQ in registers over the key blocks in a fixed order: bit-identical results run to run.
 //   4. postprocess: dQ accumulator -> output dtype; GQA: the per-query-head fp32 dK/dV summed over each group in
 //      a fixed order -> output dtype.
-// The math is fp32 SIMT in shared memory (this first version favours being right over speed; tensor-core MMA
-// is the next step, see src/cuda/NOTES.md). Any head dim that is a multiple of 8 up to the compiled one runs by
-// zero-filled shared-memory columns and predicated stores.
+// The five GEMMs of a step run on tensor cores (mma.sync m16n8k16, fp32 accumulation) through nvcuda::wmma
+// 16x16x16 fragments read from padded shared-memory tiles; transposed operands (K^T, V^T, P^T, dS^T) are the same
+// tiles read as column-major fragments, so nothing is transposed in memory. P and dS are rounded to the storage
+// dtype for their MMAs (as FA2 does); S, dP and every accumulator stay fp32. Any head dim that is a multiple of 8
+// up to the compiled one runs by zero-filled shared-memory columns and predicated stores.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,7 +23,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/sm80/bwd_params.hpp"
 #include "cuda/sm80/tiles.hpp"
@@ -49,18 +50,7 @@ struct Native<FA_BFLOAT16> {
 constexpr int kWarpSize = 32;
 constexpr int kVecElems = 8;  // one 16-byte vector of fp16/bf16 (pointers and strides are 16-byte aligned)
 
-// 8 storage elements (one 16-byte vector) <-> 8 floats.
-template <fa_dtype kDtype>
-__device__ inline void unpack8(const uint4& v, float (&f)[kVecElems]) {
-  using N = Native<kDtype>;
-  const auto* pairs = reinterpret_cast<const typename N::T2*>(&v);
-#pragma unroll
-  for (int e = 0; e < kVecElems / 2; ++e) {
-    const float2 x = N::to_float2(pairs[e]);
-    f[2 * e] = x.x;
-    f[2 * e + 1] = x.y;
-  }
-}
+// 8 floats -> one 16-byte vector of the storage dtype.
 template <fa_dtype kDtype>
 __device__ inline uint4 pack8(const float* f) {
   using N = Native<kDtype>;
@@ -70,32 +60,6 @@ __device__ inline uint4 pack8(const float* f) {
   for (int e = 0; e < kVecElems / 2; ++e) pairs[e] = N::from_float2(f[2 * e], f[2 * e + 1]);
   return v;
 }
-__device__ inline uint4 load_vec(const void* smem) { return *reinterpret_cast<const uint4*>(smem); }
-
-template <int kHeadDim>
-struct Traits {
-  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim);
-  static constexpr int kBlockM = kTiles.block_q;
-  static constexpr int kBlockN = kTiles.block_k;
-  static constexpr int kThreads = kTiles.threads;
-  // Threads that share one row (score row / key row); thread lane c0 of a row owns the 8-column chunks
-  // c0 + kRowThreads * x, so the kRowThreads lanes of a row read 8 consecutive chunks (all 32 banks) at once.
-  static constexpr int kRowThreads = kThreads / kBlockN;
-  static constexpr int kChunksPerThread = kHeadDim / (kVecElems * kRowThreads);
-  static constexpr int kAccPerThread = kChunksPerThread * kVecElems;  // fp32 accumulators per output row part
-  static constexpr int kScoresPerThread = kBlockM * kBlockN / kThreads;
-  // Shared-memory row pitch: one extra 16-byte vector shifts consecutive rows by 4 banks, so the 8 rows a warp
-  // reads at one column land in 8 distinct 4-bank groups, and rows stay 16-byte aligned for vector stores.
-  static constexpr int kPitch = kHeadDim + kVecElems;
-  static constexpr int kScorePitch = kBlockN + 1;  // odd: column reads of P/dS hit distinct banks
-  static constexpr int kSmemBytes = (2 * kBlockM + 2 * kBlockN) * kPitch * 2 + 2 * kBlockM * kScorePitch * 4 +
-                                    2 * kBlockM * 4;
-  static_assert(kThreads % kBlockN == 0 && kThreads % kBlockM == 0, "rows must split evenly over the threads");
-  static_assert(kHeadDim % (kVecElems * kRowThreads) == 0, "column chunks must split evenly over a row's threads");
-  static_assert(kBlockM * kBlockN % kThreads == 0, "scores must split evenly over the threads");
-  static_assert(kBlockM == kBlockN, "the score mapping (row = tid / kRowThreads) assumes square tiles");
-};
-
 // One sequence of the batch: row ranges (global rows index the fp32 workspace), key length after seqused_k,
 // and the diagonal offset of the masks.
 struct SeqInfo {
@@ -176,37 +140,6 @@ __device__ void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_v
   }
 }
 
-template <int kHeadDim>
-struct Smem {
-  using Tr = Traits<kHeadDim>;
-  template <class T>
-  struct Tiles {
-    T* q;
-    T* dout;
-    T* k;
-    T* v;
-    float* p;     // [kBlockM][kScorePitch] probabilities
-    float* ds;    // [kBlockM][kScorePitch] raw-score gradients
-    float* lse;   // [kBlockM]
-    float* dsum;  // [kBlockM]
-  };
-  template <class T>
-  static __device__ Tiles<T> carve(unsigned char* base) {
-    Tiles<T> t;
-    T* e = reinterpret_cast<T*>(base);
-    t.q = e;
-    t.dout = t.q + Tr::kBlockM * Tr::kPitch;
-    t.k = t.dout + Tr::kBlockM * Tr::kPitch;
-    t.v = t.k + Tr::kBlockN * Tr::kPitch;
-    float* f = reinterpret_cast<float*>(t.v + Tr::kBlockN * Tr::kPitch);
-    t.p = f;
-    t.ds = t.p + Tr::kBlockM * Tr::kScorePitch;
-    t.lse = t.ds + Tr::kBlockM * Tr::kScorePitch;
-    t.dsum = t.lse + Tr::kBlockM;
-    return t;
-  }
-};
-
 // Loads LSE and D of query rows [m0, m0 + kBlockM); rows past the sequence get LSE = -inf (P = 0).
 template <class Tr>
 __device__ void load_row_stats(const BwdParams& p, const SeqInfo& s, int h, int m0, float* lse, float* dsum) {
@@ -218,242 +151,19 @@ __device__ void load_row_stats(const BwdParams& p, const SeqInfo& s, int h, int 
   }
 }
 
-// P and dS of the tile (query rows m0.., keys n0..) from the Q, dO, K, V tiles in shared memory.
-// Thread t computes row t / kRowThreads, keys t % kRowThreads + kRowThreads * k.
-template <fa_dtype kDtype, int kHeadDim>
-__device__ void scores_and_grads(const BwdParams& p, const SeqInfo& s, const Visibility& vis, float slope, int m0,
-                                 int n0, const typename Smem<kHeadDim>::template Tiles<typename Native<kDtype>::T>& t) {
-  using Tr = Traits<kHeadDim>;
-  using N = Native<kDtype>;
-  const int r = threadIdx.x / Tr::kRowThreads, c0 = threadIdx.x % Tr::kRowThreads;
-  float acc_s[Tr::kScoresPerThread] = {}, acc_dp[Tr::kScoresPerThread] = {};
-  for (int x = 0; x < kHeadDim / kVecElems; ++x) {
-    float qv[kVecElems], gv[kVecElems];
-    unpack8<kDtype>(load_vec(t.q + r * Tr::kPitch + x * kVecElems), qv);
-    unpack8<kDtype>(load_vec(t.dout + r * Tr::kPitch + x * kVecElems), gv);
-#pragma unroll
-    for (int k = 0; k < Tr::kScoresPerThread; ++k) {
-      const int j = c0 + Tr::kRowThreads * k;
-      float kv[kVecElems], vv[kVecElems];
-      unpack8<kDtype>(load_vec(t.k + j * Tr::kPitch + x * kVecElems), kv);
-      unpack8<kDtype>(load_vec(t.v + j * Tr::kPitch + x * kVecElems), vv);
-#pragma unroll
-      for (int e = 0; e < kVecElems; ++e) {
-        acc_s[k] = fmaf(qv[e], kv[e], acc_s[k]);
-        acc_dp[k] = fmaf(gv[e], vv[e], acc_dp[k]);
-      }
-    }
-  }
-  const int i = m0 + r;
-  const float lse = t.lse[r], dsum = t.dsum[r];
-#pragma unroll
-  for (int k = 0; k < Tr::kScoresPerThread; ++k) {
-    const int jl = c0 + Tr::kRowThreads * k, j = n0 + jl;
-    float logit, dlogit;  // logit and d logit / d raw score
-    if (p.softcap > 0.f) {
-      const float th = tanhf(acc_s[k] * p.softcap_in_scale);
-      logit = p.softcap * th;
-      dlogit = p.scale * (1.f - th * th);
-    } else {
-      logit = acc_s[k] * p.scale;
-      dlogit = p.scale;
-    }
-    logit -= slope * fabsf(float(i + s.off - j));
-    // Fully masked rows (lse = -inf) and masked keys have P = 0 exactly, never exp(-inf + inf).
-    const bool live = vis(i, j) && lse != -INFINITY;
-    const float prob = live ? expf(logit - lse) : 0.f;
-    t.p[r * Tr::kScorePitch + jl] = prob;
-    t.ds[r * Tr::kScorePitch + jl] = prob != 0.f ? prob * (acc_dp[k] - dsum) * dlogit : 0.f;
-  }
-}
-
-// Column of the first element of chunk x of lane c0 (see Traits::kRowThreads).
-template <class Tr>
-__device__ inline int chunk_col(int c0, int x) {
-  return (c0 + Tr::kRowThreads * x) * kVecElems;
-}
-
-// dQ rows of the tile: thread t owns row t / kRowThreads and its column chunks; adds sum_j dS[r][j] K[j][c].
-template <fa_dtype kDtype, int kHeadDim>
-__device__ void dq_tile(const typename Smem<kHeadDim>::template Tiles<typename Native<kDtype>::T>& t,
-                        float (&acc)[Traits<kHeadDim>::kAccPerThread]) {
-  using Tr = Traits<kHeadDim>;
-  const int r = threadIdx.x / Tr::kRowThreads, c0 = threadIdx.x % Tr::kRowThreads;
-  for (int j = 0; j < Tr::kBlockN; ++j) {
-    const float ds = t.ds[r * Tr::kScorePitch + j];
-#pragma unroll
-    for (int x = 0; x < Tr::kChunksPerThread; ++x) {
-      float kv[kVecElems];
-      unpack8<kDtype>(load_vec(t.k + j * Tr::kPitch + chunk_col<Tr>(c0, x)), kv);
-#pragma unroll
-      for (int e = 0; e < kVecElems; ++e) acc[x * kVecElems + e] = fmaf(ds, kv[e], acc[x * kVecElems + e]);
-    }
-  }
-}
-
-// Stores this thread's chunks of one output row (columns < cols) in the storage dtype, or as fp32.
-template <fa_dtype kDtype, class Tr>
-__device__ void store_row(typename Native<kDtype>::T* row, const float* acc, int c0, int cols) {
-#pragma unroll
-  for (int x = 0; x < Tr::kChunksPerThread; ++x) {
-    const int c = chunk_col<Tr>(c0, x);
-    if (c < cols) *reinterpret_cast<uint4*>(row + c) = pack8<kDtype>(acc + x * kVecElems);
-  }
-}
-template <class Tr>
-__device__ void store_row_f32(float* row, const float* acc, int c0, int cols) {
-#pragma unroll
-  for (int x = 0; x < Tr::kChunksPerThread; ++x) {
-    const int c = chunk_col<Tr>(c0, x);
-    if (c < cols)
-#pragma unroll
-      for (int e = 0; e < kVecElems; e += 4)
-        *reinterpret_cast<float4*>(row + c + e) =
-            make_float4(acc[x * kVecElems + e], acc[x * kVecElems + e + 1], acc[x * kVecElems + e + 2],
-                        acc[x * kVecElems + e + 3]);
-  }
-}
-
 __device__ inline float alibi_slope(const BwdParams& p, int b, int h) {
   return p.alibi != nullptr ? p.alibi[int64_t(b) * p.alibi_batch_stride + h] : 0.f;
 }
 
-template <fa_dtype kDtype, int kHeadDim, bool kAtomicDq>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dkdv_kernel(const BwdParams p) {
-  using Tr = Traits<kHeadDim>;
-  using N = Native<kDtype>;
-  using T = typename N::T;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const auto t = Smem<kHeadDim>::template carve<T>(smem_raw);
-
-  const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
-  const SeqInfo s(p, b);
-  if (n0 >= s.rows_k) return;
-  const int hk = h / p.group;
-  const Visibility vis(p, s);
-  const float slope = alibi_slope(p, b, h);
-
-  load_tile<Tr, Tr::kBlockN>(t.k, static_cast<const T*>(p.k) + s.k_offset(p.k_batch, p.k_row, p.k_head, n0, hk),
-                             p.k_row, s.len_k - n0, p.head_dim);
-  load_tile<Tr, Tr::kBlockN>(t.v, static_cast<const T*>(p.v) + s.k_offset(p.v_batch, p.v_row, p.v_head, n0, hk),
-                             p.v_row, s.len_k - n0, p.head_dim_v);
-
-  const int kr = threadIdx.x / Tr::kRowThreads, c0 = threadIdx.x % Tr::kRowThreads;  // key row, column lane
-  float dk[Tr::kAccPerThread] = {}, dv[Tr::kAccPerThread] = {};
-  const int2 rows = vis.query_range(n0, Tr::kBlockN);
-  for (int m0 = rows.x; m0 < rows.y; m0 += Tr::kBlockM) {
-    __syncthreads();  // the previous step's readers are done with Q/dO/P/dS
-    load_tile<Tr, Tr::kBlockM>(t.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
-                               p.q_row, s.len_q - m0, p.head_dim);
-    load_tile<Tr, Tr::kBlockM>(t.dout,
-                               static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
-                               p.do_row, s.len_q - m0, p.head_dim_v);
-    load_row_stats<Tr>(p, s, h, m0, t.lse, t.dsum);
-    __syncthreads();
-    scores_and_grads<kDtype, kHeadDim>(p, s, vis, slope, m0, n0, t);
-    __syncthreads();
-    // dV += P^T dO, dK += dS^T Q for this thread's key row.
-    for (int r = 0; r < Tr::kBlockM; ++r) {
-      const float pr = t.p[r * Tr::kScorePitch + kr], ds = t.ds[r * Tr::kScorePitch + kr];
-#pragma unroll
-      for (int x = 0; x < Tr::kChunksPerThread; ++x) {
-        float gv[kVecElems], qv[kVecElems];
-        unpack8<kDtype>(load_vec(t.dout + r * Tr::kPitch + chunk_col<Tr>(c0, x)), gv);
-        unpack8<kDtype>(load_vec(t.q + r * Tr::kPitch + chunk_col<Tr>(c0, x)), qv);
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) {
-          dv[x * kVecElems + e] = fmaf(pr, gv[e], dv[x * kVecElems + e]);
-          dk[x * kVecElems + e] = fmaf(ds, qv[e], dk[x * kVecElems + e]);
-        }
-      }
-    }
-    if constexpr (kAtomicDq) {
-      float dq[Tr::kAccPerThread] = {};
-      dq_tile<kDtype, kHeadDim>(t, dq);
-      const int i = m0 + kr;  // here kr is the query row of the tile (same thread mapping)
-      if (i < s.len_q) {
-        float* dst = p.dq_acc + (int64_t(h) * p.rows_q + s.q_row0 + i) * p.head_dim;
-#pragma unroll
-        for (int x = 0; x < Tr::kChunksPerThread; ++x) {
-          const int c = chunk_col<Tr>(c0, x);
-          if (c < p.head_dim)
-#pragma unroll
-            for (int e = 0; e < kVecElems; ++e) atomicAdd(dst + c + e, dq[x * kVecElems + e]);
-        }
-      }
-    }
-  }
-
-  // Epilogue: every stored key row of the block (keys past seqused_k hold zeros: no query saw them).
-  const int j = n0 + kr;
-  if (j >= s.rows_k) return;
-  if (p.group == 1) {
-    store_row<kDtype, Tr>(static_cast<T*>(p.dk) + s.k_offset(p.dk_batch, p.dk_row, p.dk_head, j, h), dk, c0,
-                          p.head_dim);
-    store_row<kDtype, Tr>(static_cast<T*>(p.dv) + s.k_offset(p.dv_batch, p.dv_row, p.dv_head, j, h), dv, c0,
-                          p.head_dim_v);
-  } else {
-    store_row_f32<Tr>(p.dk_acc + (int64_t(h) * p.rows_k + s.k_row0 + j) * p.head_dim, dk, c0, p.head_dim);
-    store_row_f32<Tr>(p.dv_acc + (int64_t(h) * p.rows_k + s.k_row0 + j) * p.head_dim_v, dv, c0, p.head_dim_v);
-  }
-}
-
-// Deterministic dQ: grid = query blocks x query heads x batch; the key blocks a row block sees are summed in
-// registers in ascending order, then stored in the output dtype.
-template <fa_dtype kDtype, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dq_kernel(const BwdParams p) {
-  using Tr = Traits<kHeadDim>;
-  using N = Native<kDtype>;
-  using T = typename N::T;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const auto t = Smem<kHeadDim>::template carve<T>(smem_raw);
-
-  const int m0 = blockIdx.x * Tr::kBlockM, h = blockIdx.y, b = blockIdx.z;
-  const SeqInfo s(p, b);
-  if (m0 >= s.len_q) return;
-  const int hk = h / p.group;
-  const Visibility vis(p, s);
-  const float slope = alibi_slope(p, b, h);
-  load_tile<Tr, Tr::kBlockM>(t.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
-                             p.q_row, s.len_q - m0, p.head_dim);
-  load_tile<Tr, Tr::kBlockM>(t.dout, static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
-                             p.do_row, s.len_q - m0, p.head_dim_v);
-  load_row_stats<Tr>(p, s, h, m0, t.lse, t.dsum);
-
-  float dq[Tr::kAccPerThread] = {};
-  const int2 keys = vis.key_range(m0, min(Tr::kBlockM, s.len_q - m0));
-  for (int n0 = keys.x; n0 < keys.y; n0 += Tr::kBlockN) {
-    __syncthreads();  // previous step's readers are done with K/V/dS
-    load_tile<Tr, Tr::kBlockN>(t.k, static_cast<const T*>(p.k) + s.k_offset(p.k_batch, p.k_row, p.k_head, n0, hk),
-                               p.k_row, s.len_k - n0, p.head_dim);
-    load_tile<Tr, Tr::kBlockN>(t.v, static_cast<const T*>(p.v) + s.k_offset(p.v_batch, p.v_row, p.v_head, n0, hk),
-                               p.v_row, s.len_k - n0, p.head_dim_v);
-    __syncthreads();
-    scores_and_grads<kDtype, kHeadDim>(p, s, vis, slope, m0, n0, t);
-    __syncthreads();
-    dq_tile<kDtype, kHeadDim>(t, dq);
-  }
-  const int r = threadIdx.x / Tr::kRowThreads, c0 = threadIdx.x % Tr::kRowThreads;
-  const int i = m0 + r;
-  if (i >= s.len_q) return;
-  store_row<kDtype, Tr>(static_cast<T*>(p.dq) + s.q_offset(p.dq_batch, p.dq_row, p.dq_head, i, h), dq, c0,
-                        p.head_dim);
-}
-
-
-// ---------------------------------------------------------------------------------------------------------------
-// Tensor-core variant (experimental): the five GEMMs of a step on mma.sync m16n8k16 through nvcuda::wmma 16x16x16
-// fragments (fp32 accumulation), operands from the same padded shared-memory tiles. Transposed operands (K^T,
-// V^T, P^T, dS^T) are the same tiles read as column-major fragments: no transpose copies. P and dS are rounded to
-// the storage dtype for the MMAs (as FA2 does); S, dP and all accumulators stay fp32.
 namespace wmma = nvcuda::wmma;
 constexpr int kFrag = 16;
 
 template <int kHeadDim>
-struct MmaTraits {
-  static constexpr int kBlockM = kHeadDim <= 128 ? 64 : 32;
-  static constexpr int kBlockN = kBlockM;
-  static constexpr int kThreads = 256;
+struct Traits {
+  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim);
+  static constexpr int kBlockM = kTiles.block_q;
+  static constexpr int kBlockN = kTiles.block_k;
+  static constexpr int kThreads = kTiles.threads;
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kPitch = kHeadDim + kVecElems;       // storage-dtype tiles (multiple of 8: wmma ldm rule)
   static constexpr int kScorePitch = kBlockN + 4;           // fp32 S / dP (multiple of 4: wmma ldm rule)
@@ -465,6 +175,7 @@ struct MmaTraits {
   static constexpr int kRowTiles = (kBlockM / kFrag) * (kHeadDim / kFrag);      // dQ fragments of a CTA
   static constexpr int kRowTilesPerWarp = kRowTiles / kWarps;
   static_assert(kKeyTiles % kWarps == 0 && kRowTiles % kWarps == 0, "fragments must split evenly over warps");
+  static_assert(kBlockM == kBlockN, "dK/dV are staged in the dQ staging area (kBlockM rows)");
   static constexpr int kFloatRegion = 2 * kBlockM * kScorePitch > kBlockM * kAccPitch ? 2 * kBlockM * kScorePitch
                                                                                       : kBlockM * kAccPitch;
   static constexpr int kSmemBytes = (2 * kBlockM + 2 * kBlockN) * kPitch * 2 + 2 * kBlockM * kProbPitch * 2 +
@@ -472,8 +183,8 @@ struct MmaTraits {
 };
 
 template <class T, int kHeadDim>
-struct MmaSmem {
-  using Tr = MmaTraits<kHeadDim>;
+struct Smem {
+  using Tr = Traits<kHeadDim>;
   T* q;
   T* dout;
   T* k;
@@ -485,7 +196,7 @@ struct MmaSmem {
   float* acc;  // [kBlockM][kAccPitch] fragment staging; aliases s/dp (used only after they are consumed)
   float* lse;
   float* dsum;
-  __device__ explicit MmaSmem(unsigned char* base) {
+  __device__ explicit Smem(unsigned char* base) {
     q = reinterpret_cast<T*>(base);
     dout = q + Tr::kBlockM * Tr::kPitch;
     k = dout + Tr::kBlockM * Tr::kPitch;
@@ -512,8 +223,8 @@ using FragC = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
 
 // S = Q K^T and dP = dO V^T of the step into fp32 shared memory (one 16x16 output fragment per job).
 template <class T, int kHeadDim>
-__device__ void mma_scores(const MmaSmem<T, kHeadDim>& sm) {
-  using Tr = MmaTraits<kHeadDim>;
+__device__ void mma_scores(const Smem<T, kHeadDim>& sm) {
+  using Tr = Traits<kHeadDim>;
   constexpr int kTilesN = Tr::kBlockN / kFrag, kPerMatrix = Tr::kScoreJobs / 2;
   for (int job = threadIdx.x / kWarpSize; job < Tr::kScoreJobs; job += Tr::kWarps) {
     const bool is_dp = job >= kPerMatrix;
@@ -538,8 +249,8 @@ __device__ void mma_scores(const MmaSmem<T, kHeadDim>& sm) {
 // P and dS from S, dP, LSE and D (same math as scores_and_grads), rounded to the storage dtype.
 template <fa_dtype kDtype, int kHeadDim>
 __device__ void mma_probs(const BwdParams& p, const SeqInfo& s, const Visibility& vis, float slope, int m0, int n0,
-                          const MmaSmem<typename Native<kDtype>::T, kHeadDim>& sm) {
-  using Tr = MmaTraits<kHeadDim>;
+                          const Smem<typename Native<kDtype>::T, kHeadDim>& sm) {
+  using Tr = Traits<kHeadDim>;
   using T = typename Native<kDtype>::T;
   for (int idx = threadIdx.x; idx < Tr::kBlockM * Tr::kBlockN; idx += Tr::kThreads) {
     const int r = idx / Tr::kBlockN, jl = idx % Tr::kBlockN, i = m0 + r, j = n0 + jl;
@@ -566,7 +277,7 @@ __device__ void mma_probs(const BwdParams& p, const SeqInfo& s, const Visibility
 // read transposed (col-major) when kTransposeA. Used for dV += P^T dO, dK += dS^T Q, dQ += dS K.
 template <class T, int kHeadDim, bool kTransposeA, int kTiles, int kInner>
 __device__ void mma_accumulate(FragC (&acc)[kTiles], const T* a, int lda, const T* b) {
-  using Tr = MmaTraits<kHeadDim>;
+  using Tr = Traits<kHeadDim>;
   constexpr int kTilesC = kHeadDim / kFrag;
   const int warp = threadIdx.x / kWarpSize;
 #pragma unroll
@@ -591,8 +302,8 @@ __device__ void mma_accumulate(FragC (&acc)[kTiles], const T* a, int lda, const 
 
 // Stages fragments into sm.acc (fp32, row-major kBlockM x kHeadDim).
 template <class T, int kHeadDim, int kTiles>
-__device__ void stage_fragments(const MmaSmem<T, kHeadDim>& sm, const FragC (&acc)[kTiles]) {
-  using Tr = MmaTraits<kHeadDim>;
+__device__ void stage_fragments(const Smem<T, kHeadDim>& sm, const FragC (&acc)[kTiles]) {
+  using Tr = Traits<kHeadDim>;
   constexpr int kTilesC = kHeadDim / kFrag;
   const int warp = threadIdx.x / kWarpSize;
 #pragma unroll
@@ -607,7 +318,7 @@ __device__ void stage_fragments(const MmaSmem<T, kHeadDim>& sm, const FragC (&ac
 // to an fp32 buffer, in 8-element chunks.
 template <fa_dtype kDtype, int kHeadDim, class RowPtr>
 __device__ void write_staged(const float* staged, int rows, int cols, RowPtr row_ptr) {
-  using Tr = MmaTraits<kHeadDim>;
+  using Tr = Traits<kHeadDim>;
   constexpr int kChunks = kHeadDim / kVecElems;
   for (int idx = threadIdx.x; idx < Tr::kBlockM * kChunks; idx += Tr::kThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * kVecElems;
@@ -616,11 +327,11 @@ __device__ void write_staged(const float* staged, int rows, int cols, RowPtr row
 }
 
 template <fa_dtype kDtype, int kHeadDim, bool kAtomicDq>
-__global__ void __launch_bounds__(MmaTraits<kHeadDim>::kThreads) dkdv_mma_kernel(const BwdParams p) {
-  using Tr = MmaTraits<kHeadDim>;
+__global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dkdv_kernel(const BwdParams p) {
+  using Tr = Traits<kHeadDim>;
   using T = typename Native<kDtype>::T;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const MmaSmem<T, kHeadDim> sm(smem_raw);
+  const Smem<T, kHeadDim> sm(smem_raw);
 
   const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
   const SeqInfo s(p, b);
@@ -700,11 +411,11 @@ __global__ void __launch_bounds__(MmaTraits<kHeadDim>::kThreads) dkdv_mma_kernel
 }
 
 template <fa_dtype kDtype, int kHeadDim>
-__global__ void __launch_bounds__(MmaTraits<kHeadDim>::kThreads) dq_mma_kernel(const BwdParams p) {
-  using Tr = MmaTraits<kHeadDim>;
+__global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dq_kernel(const BwdParams p) {
+  using Tr = Traits<kHeadDim>;
   using T = typename Native<kDtype>::T;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const MmaSmem<T, kHeadDim> sm(smem_raw);
+  const Smem<T, kHeadDim> sm(smem_raw);
 
   const int m0 = blockIdx.x * Tr::kBlockM, h = blockIdx.y, b = blockIdx.z;
   const SeqInfo s(p, b);
@@ -714,7 +425,8 @@ __global__ void __launch_bounds__(MmaTraits<kHeadDim>::kThreads) dq_mma_kernel(c
   const float slope = alibi_slope(p, b, h);
   load_tile<Tr, Tr::kBlockM>(sm.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
                              p.q_row, s.len_q - m0, p.head_dim);
-  load_tile<Tr, Tr::kBlockM>(sm.dout, static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
+  load_tile<Tr, Tr::kBlockM>(sm.dout,
+                             static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
                              p.do_row, s.len_q - m0, p.head_dim_v);
   load_row_stats<Tr>(p, s, h, m0, sm.lse, sm.dsum);
 
@@ -744,7 +456,6 @@ __global__ void __launch_bounds__(MmaTraits<kHeadDim>::kThreads) dq_mma_kernel(c
   });
 }
 
-constexpr int kWarp = 32;
 constexpr int kAuxThreads = 256;  // preprocess / postprocess block size
 
 // Decodes a global query/key row into (sequence offset terms) for the element offset of a batched tensor.
@@ -758,8 +469,8 @@ template <fa_dtype kDtype>
 __global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams p) {
   using N = Native<kDtype>;
   using T2 = typename N::T2;
-  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
   if (w >= int64_t(p.heads_q) * p.rows_q) return;
   const int h = int(w / p.rows_q);
   const int64_t g = w % p.rows_q;
@@ -771,14 +482,14 @@ __global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams
                                             global_row_offset(varlen, g, p.seqlen_q, p.do_batch, p.do_row) +
                                             int64_t(h) * p.do_head);
   float acc = 0.f;
-  for (int c = lane; c < p.head_dim_v / 2; c += kWarp) {
+  for (int c = lane; c < p.head_dim_v / 2; c += kWarpSize) {
     const float2 a = N::to_float2(o[c]), e = N::to_float2(d[c]);
     acc = fmaf(a.x, e.x, fmaf(a.y, e.y, acc));
   }
-  for (int m = kWarp / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  for (int m = kWarpSize / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
   if (lane == 0) p.dsum[w] = acc;
   if (p.dq_acc != nullptr)
-    for (int c = lane; c < p.head_dim; c += kWarp) p.dq_acc[w * p.head_dim + c] = 0.f;
+    for (int c = lane; c < p.head_dim; c += kWarpSize) p.dq_acc[w * p.head_dim + c] = 0.f;
 }
 
 // Rows of the workspace that belong to a sequence (varlen tensors may hold rows past the last sequence).
@@ -850,33 +561,22 @@ cudaError_t opt_in_smem(Kernel kernel, int bytes) {
 
 }  // namespace bwd
 
-#ifdef FLASHATTN_SM80_BWD_MMA
-constexpr bool kBwdTensorCores = true;
-#else
-constexpr bool kBwdTensorCores = false;
-#endif
-
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Tr = std::conditional_t<kBwdTensorCores, bwd::MmaTraits<kHeadDim>, bwd::Traits<kHeadDim>>;
-  auto pick_main = [](auto atomic_dq) {
-    if constexpr (kBwdTensorCores)
-      return &bwd::dkdv_mma_kernel<kDtype, kHeadDim, decltype(atomic_dq)::value>;
-    else
-      return &bwd::dkdv_kernel<kDtype, kHeadDim, decltype(atomic_dq)::value>;
-  };
+  using Tr = bwd::Traits<kHeadDim>;
   const int64_t q_warps = int64_t(p.heads_q) * p.rows_q;
-  if (q_warps > 0) bwd::preprocess_kernel<kDtype><<<bwd::aux_blocks(q_warps * bwd::kWarp), bwd::kAuxThreads, 0, stream>>>(p);
+  if (q_warps > 0)
+    bwd::preprocess_kernel<kDtype><<<bwd::aux_blocks(q_warps * bwd::kWarpSize), bwd::kAuxThreads, 0, stream>>>(p);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
 
   const dim3 key_grid(unsigned((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(p.heads_q), unsigned(p.batch));
   if (key_grid.x > 0) {
     if (p.deterministic) {
-      auto kernel = pick_main(std::false_type{});
+      auto kernel = &bwd::dkdv_kernel<kDtype, kHeadDim, false>;
       if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
       kernel<<<key_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
     } else {
-      auto kernel = pick_main(std::true_type{});
+      auto kernel = &bwd::dkdv_kernel<kDtype, kHeadDim, true>;
       if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
       kernel<<<key_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
     }
@@ -884,7 +584,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   if (p.deterministic) {
     const dim3 q_grid(unsigned((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
-    auto kernel = kBwdTensorCores ? &bwd::dq_mma_kernel<kDtype, kHeadDim> : &bwd::dq_kernel<kDtype, kHeadDim>;
+    auto kernel = &bwd::dq_kernel<kDtype, kHeadDim>;
     if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
     if (q_grid.x > 0) kernel<<<q_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   } else {
