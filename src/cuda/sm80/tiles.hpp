@@ -26,3 +26,25 @@ constexpr FwdTiles fwd_tiles(int head_dim) {
 }
 
 }  // namespace flashattn::cuda::sm80
+
+namespace flashattn::cuda::sm80 {
+
+// Tiles of the backward (src/cuda/sm80/bwd_kernel.cuh). Each CTA of the main kernel owns block_k keys and
+// walks the query rows block_q at a time; the dQ kernel (deterministic mode) owns block_q rows and walks keys.
+// The 8 warps split every GEMM into 16x16 wmma fragments; dK and dV of a CTA live in registers:
+// 2 * block_k * head_dim / threads fp32 accumulators per thread (32 at d64, 64 at d128 with 64x64 tiles, 64 at
+// d256 with 32x32). Shared memory (padded Q, dO, K, V tiles, P/dS, fp32 S/dP or staging): 88.5 KiB (d64),
+// 120.5 KiB (d128), 103.75 KiB (d256); ptxas (sm_90): d64 128-142 registers, d128 up to 255 with 12 bytes spilled
+// (the atomic-dQ kernel), d256 up to 255.
+// Square tiles: the fp32 staging area of dK/dV (block_k rows) is the one of dQ (block_q rows).
+struct BwdTiles {
+  int block_q;
+  int block_k;
+  int threads;
+};
+constexpr BwdTiles bwd_tiles(int head_dim) {
+  if (head_dim <= 128) return {64, 64, 256};
+  return {32, 32, 256};
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,122 @@
+"""Backward timing of the cuda-sm80 backend next to torch SDPA's flash (FA2) and cuDNN backends, same run,
+same protocol as shared/anchors/sdpa_bench.py: triton do_bench median, bf16, batch*seqlen = 16k tokens,
+model dim 2048 (heads = 2048 / hdim), FLOPs 2.5 * 4*B*H*S*S*D (halved when causal). Only the backward is timed
+(ours: fa_backward on a saved out/lse; SDPA: autograd.grad on a retained graph).
+
+    python3 bench_bwd.py LIB[:TAG] [LIB2[:TAG2] ...] [seqlen ...] [--hdims 64,128] [--deterministic]
+
+Several libraries (e.g. two builds of the backward) are timed in the same process, next to the same SDPA runs.
+
+Prints TSV: backend hdim causal seqlen batch heads ms tflops, and max |ours - flash2| of dq, dk, dv per shape.
+"""
+import ctypes as C
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from bench_fwd import Exec, FwdParams, Attention, Tensor, view
+
+
+class BwdParams(C.Structure):
+    _fields_ = [("attn", Attention), ("out", Tensor), ("lse", Tensor), ("dout", Tensor), ("dq", Tensor),
+                ("dk", Tensor), ("dv", Tensor)]
+
+
+def lse_view(t):
+    v = Tensor()
+    v.data, v.dtype, v.device, v.device_index, v.ndim = t.data_ptr(), 0, 1, t.device.index or 0, t.dim()
+    for i in range(t.dim()):
+        v.shape[i], v.stride[i] = t.shape[i], t.stride(i)
+    return v
+
+
+def main():
+    args = sys.argv[1:]
+    libs = []
+    for a in [a for a in args if ".so" in a]:
+        path, _, tag = a.partition(":")
+        lib = C.CDLL(path)
+        lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
+        lib.fa_backward.argtypes = [C.POINTER(BwdParams), C.POINTER(Exec)]
+        lib.fa_last_error.restype = C.c_char_p
+        libs.append((tag or "ours", lib))
+        args.remove(a)
+    hdims = (64, 128)
+    if "--hdims" in args:
+        i = args.index("--hdims")
+        hdims = tuple(int(x) for x in args[i + 1].split(","))
+        del args[i:i + 2]
+    deterministic = "--deterministic" in args
+    if deterministic:
+        args.remove("--deterministic")
+    seqlens = [int(s) for s in args] or [2048, 8192]
+    print("# device", torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
+          flush=True)
+    print("backend\thdim\tcausal\tseqlen\tbatch\theads\tms\ttflops", flush=True)
+    tokens = 16384
+    for hdim in hdims:
+        heads = 2048 // hdim
+        for causal in (False, True):
+            for seqlen in seqlens:
+                batch = tokens // seqlen
+                q, k, v, do = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16)
+                               for _ in range(4))
+                out = torch.empty_like(q)
+                lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
+                dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+                p = BwdParams()
+                p.attn.q, p.attn.k, p.attn.v = view(q), view(k), view(v)
+                p.out, p.lse, p.dout, p.dq, p.dk, p.dv = view(out), lse_view(lse), view(do), view(dq), view(dk), view(dv)
+                p.attn.causal = int(causal)
+                p.attn.window_left = p.attn.window_right = -1
+                fp = FwdParams()
+                fp.attn, fp.out, fp.lse = p.attn, p.out, p.lse
+                ex = Exec()
+                ex.stream = torch.cuda.current_stream().cuda_stream
+                ex.deterministic = int(deterministic)
+                flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
+                results, grads = {}, {}
+                for tag, lib in libs:
+                    if lib.fa_forward(C.byref(fp), C.byref(ex)) != 0:
+                        raise RuntimeError(lib.fa_last_error().decode())
+
+                    def ours():
+                        if lib.fa_backward(C.byref(p), C.byref(ex)) != 0:
+                            raise RuntimeError(lib.fa_last_error().decode())
+
+                    ours()
+                    grads[tag] = [t.clone() for t in (dq, dk, dv)]
+                    if deterministic:
+                        tag += "_det"
+                    results[tag] = do_bench(ours, warmup=25, rep=100, return_mode="median")
+                ref = None
+                for name, be in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    try:
+                        qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+                        with sdpa_kernel(be):
+                            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        dot = do.transpose(1, 2)
+                        fn = lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True)
+                        g = fn()
+                        if ref is None:
+                            ref = [x.transpose(1, 2) for x in g]
+                        results[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        del o, g
+                    except Exception as e:  # backend refuses the shape
+                        print(f"# {name} failed: {type(e).__name__}: {str(e)[:80]}")
+                for name, ms in results.items():
+                    print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t{flops / ms / 1e9:.1f}",
+                          flush=True)
+                for tag, g in grads.items() if ref is not None else ():
+                    diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(g, ref)]
+                    print(f"# check {tag} hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - flash2| "
+                          f"dq {diffs[0]:.3e} dk {diffs[1]:.3e} dv {diffs[2]:.3e}", flush=True)
+                del q, k, v, do, out, lse, dq, dk, dv, ref, grads
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+// What the sm80 backward kernels read: the forward's parameters plus the gradients and the fp32 workspace the
+// host allocates per call (cudaMallocAsync on the caller's stream). Shared by host (.cpp) and device (.cu) code.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm80/fwd_params.hpp"
+
+namespace flashattn::cuda::sm80 {
+
+struct BwdParams : FwdParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  int64_t do_batch = 0, do_row = 0, do_head = 0;
+  int64_t dq_batch = 0, dq_row = 0, dq_head = 0;
+  int64_t dk_batch = 0, dk_row = 0, dk_head = 0;
+  int64_t dv_batch = 0, dv_row = 0, dv_head = 0;
+
+  float scale = 1.f;  // softmax scale (d logit / d raw score without softcap)
+  int heads_kv = 0;
+  // Rows of the fp32 workspace: batched batch * seqlen, varlen the rows of the tensor (global row index).
+  int64_t rows_q = 0, rows_k = 0;
+
+  // Workspace (fp32). dsum: D = rowsum(dO * O) per (query head, row). dq_acc: dQ accumulated with atomics
+  // (null when deterministic). dk_acc/dv_acc: per query head dK/dV for GQA (null when heads_q == heads_kv),
+  // reduced over each group in a fixed order afterwards.
+  float* dsum = nullptr;
+  float* dq_acc = nullptr;
+  float* dk_acc = nullptr;
+  float* dv_acc = nullptr;
+  bool deterministic = false;
+};
+
+// Workspace floats the backward needs for these parameters (O(total rows x heads x head dim)). Each section is
+// rounded up to kWorkspaceAlign floats so that every section starts 256-byte aligned (vector stores).
+constexpr int64_t kWorkspaceAlign = 64;
+inline int64_t workspace_round(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+struct BwdWorkspace {
+  int64_t dsum = 0, dq_acc = 0, dk_acc = 0, dv_acc = 0;
+  int64_t total() const { return dsum + dq_acc + dk_acc + dv_acc; }
+};
+inline BwdWorkspace bwd_workspace(const BwdParams& p) {
+  BwdWorkspace w;
+  w.dsum = workspace_round(int64_t(p.heads_q) * p.rows_q);
+  if (!p.deterministic) w.dq_acc = workspace_round(int64_t(p.heads_q) * p.rows_q * p.head_dim);
+  if (p.group > 1) {
+    w.dk_acc = workspace_round(int64_t(p.heads_q) * p.rows_k * p.head_dim);
+    w.dv_acc = workspace_round(int64_t(p.heads_q) * p.rows_k * p.head_dim_v);
+  }
+  return w;
+}
+
+// One compiled backward (dtype x head dim); defined in the generated bwd_<dtype>_hdim<d>.cu units. Launches the
+// preprocess, main (dK/dV), dQ and postprocess kernels on `stream`; the workspace pointers must be set.
+template <fa_dtype kDtype, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,360 @@
+// GPU correctness of fa_backward (cuda-sm80) against the float64 reference (src/cpu/reference.hpp).
+// Every case: fresh random q, k, v, dO; out and LSE from the GPU forward (itself checked by forward_test.cpp);
+// dq, dk, dv poisoned with NaN before the backward; then per tensor the FlashAttention rule of
+// reference::Comparison: max |ours - exact| <= 2 * max |plain low-precision - exact| + one storage ulp at the
+// largest reference magnitude, NaN never passes. Deterministic mode is also checked for bit-identical reruns.
+// Skips (GTEST_SKIP) when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/problem.hpp"
+#include "cpu/numeric.hpp"
+#include "cpu/reference.hpp"
+#include "flashattn/flashattn.h"
+
+namespace {
+
+using flashattn::detail::Problem;
+namespace ref = flashattn::reference;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+struct BwdCase {
+  std::string name;
+  fa_dtype dtype = FA_BFLOAT16;
+  int64_t batch = 1, sq = 1, sk = 1, hq = 2, hkv = 2, d = 64, dv = 64;
+  bool causal = false;
+  fa_causal_alignment align = FA_ALIGN_BOTTOM_RIGHT;
+  int64_t wl = -1, wr = -1;
+  float softcap = 0.f;
+  int alibi = 0;                    // 0 none, 1: (Hq), 2: (B, Hq)
+  std::vector<int> lens_q, lens_k;  // varlen when non-empty
+  std::vector<int> used_k;          // seqused_k when non-empty
+  int64_t row_pad = 0;              // extra elements per row (non-contiguous strides)
+  bool deterministic = false;
+};
+
+std::string bwd_case_name(const testing::TestParamInfo<BwdCase>& i) { return i.param.name; }
+
+uint16_t to_storage(fa_dtype t, float x) {
+  return t == FA_FLOAT16 ? flashattn::cpu::float_to_fp16(x) : flashattn::cpu::float_to_bf16(x);
+}
+double from_storage(fa_dtype t, uint16_t x) {
+  return t == FA_FLOAT16 ? flashattn::cpu::fp16_to_float(x) : flashattn::cpu::bf16_to_float(x);
+}
+
+template <class T>
+struct Buffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit Buffer(size_t count) : n(count) {
+    void* p = nullptr;
+    ptr = cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess ? static_cast<T*>(p) : nullptr;
+  }
+  ~Buffer() { cudaFree(ptr); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void upload(const std::vector<T>& h) { ASSERT_EQ(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+// (batch, rows, heads, dim) or varlen (rows, heads, dim) with row stride heads*dim + pad, so element
+// (global row g, head h, column c) sits at g * (heads*dim + pad) + h*dim + c in both cases.
+fa_tensor view(void* data, fa_dtype dt, fa_device dev, bool varlen, int64_t batch, int64_t rows, int64_t heads,
+               int64_t dim, int64_t pad) {
+  fa_tensor t{};
+  t.data = data;
+  t.dtype = dt;
+  t.device = dev;
+  const int64_t row = heads * dim + pad;
+  if (varlen) {
+    t.ndim = 3;
+    int64_t s[3] = {rows, heads, dim}, st[3] = {row, dim, 1};
+    std::memcpy(t.shape, s, sizeof s);
+    std::memcpy(t.stride, st, sizeof st);
+  } else {
+    t.ndim = 4;
+    int64_t s[4] = {batch, rows, heads, dim}, st[4] = {rows * row, row, dim, 1};
+    std::memcpy(t.shape, s, sizeof s);
+    std::memcpy(t.stride, st, sizeof st);
+  }
+  return t;
+}
+
+void run_backward_case(const BwdCase& c) {
+  const bool varlen = !c.lens_q.empty();
+  const int64_t batch = varlen ? int64_t(c.lens_q.size()) : c.batch;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (size_t b = 0; varlen && b < c.lens_q.size(); ++b) {
+    cu_q.push_back(cu_q.back() + c.lens_q[b]);
+    cu_k.push_back(cu_k.back() + c.lens_k[b]);
+  }
+  const int64_t rows_q = varlen ? cu_q.back() : c.sq, rows_k = varlen ? cu_k.back() : c.sk;
+  const int64_t nb = varlen ? 1 : batch;
+  const int64_t pad = c.row_pad;
+  const int64_t gq = nb * rows_q, gk = nb * rows_k;  // global rows
+  const size_t nq = size_t(gq * (c.hq * c.d + pad)), nk = size_t(gk * (c.hkv * c.d + pad));
+  const size_t nv = size_t(gk * (c.hkv * c.dv + pad)), no = size_t(gq * (c.hq * c.dv + pad));
+  const size_t nl = size_t(nb * c.hq * rows_q);
+
+  std::mt19937 rng(std::hash<std::string>{}("bwd_" + c.name));
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto fill = [&](size_t n) {
+    std::vector<uint16_t> h(n);
+    for (auto& x : h) x = to_storage(c.dtype, normal(rng));
+    return h;
+  };
+  std::vector<uint16_t> hq = fill(nq), hk = fill(nk), hv = fill(nv), hdo = fill(no);
+  std::vector<float> slopes;
+  if (c.alibi) {
+    std::uniform_real_distribution<float> u(0.05f, 0.5f);
+    slopes.resize(size_t((c.alibi == 2 ? batch : 1) * c.hq));
+    for (auto& s : slopes) s = u(rng);
+  }
+  std::vector<int32_t> used(c.used_k.begin(), c.used_k.end());
+
+  Buffer<uint16_t> q(nq), k(nk), v(nv), out(no), dout(no), dq(nq), dk(nk), dv(nv);
+  Buffer<float> lse(nl), sl(slopes.size());
+  Buffer<int32_t> dcu_q(cu_q.size()), dcu_k(cu_k.size()), dused(used.size());
+  ASSERT_TRUE(q.ptr && k.ptr && v.ptr && out.ptr && dout.ptr && dq.ptr && dk.ptr && dv.ptr && lse.ptr);
+  q.upload(hq);
+  k.upload(hk);
+  v.upload(hv);
+  dout.upload(hdo);
+  if (!slopes.empty()) sl.upload(slopes);
+  if (varlen) {
+    dcu_q.upload(cu_q);
+    dcu_k.upload(cu_k);
+  }
+  if (!used.empty()) dused.upload(used);
+
+  struct Ptrs {
+    void *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *cuq, *cuk, *used, *slopes;
+  };
+  auto make = [&](fa_device dev, const Ptrs& x) {
+    fa_bwd_params p{};
+    p.attn = fa_attention_default();
+    p.attn.q = view(x.q, c.dtype, dev, varlen, batch, rows_q, c.hq, c.d, pad);
+    p.attn.k = view(x.k, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.d, pad);
+    p.attn.v = view(x.v, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.dv, pad);
+    p.out = view(x.out, c.dtype, dev, varlen, batch, rows_q, c.hq, c.dv, pad);
+    p.dout = view(x.dout, c.dtype, dev, varlen, batch, rows_q, c.hq, c.dv, pad);
+    p.dq = view(x.dq, c.dtype, dev, varlen, batch, rows_q, c.hq, c.d, pad);
+    p.dk = view(x.dk, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.d, pad);
+    p.dv = view(x.dv, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.dv, pad);
+    if (varlen) {
+      int64_t s[2] = {c.hq, rows_q};
+      p.lse = fa_make_tensor(x.lse, FA_FLOAT32, dev, 2, s);
+      int64_t nc = int64_t(cu_q.size());
+      p.attn.cu_seqlens_q = fa_make_tensor(x.cuq, FA_INT32, dev, 1, &nc);
+      p.attn.cu_seqlens_k = fa_make_tensor(x.cuk, FA_INT32, dev, 1, &nc);
+      p.attn.max_seqlen_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
+      p.attn.max_seqlen_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
+    } else {
+      int64_t s[3] = {batch, c.hq, rows_q};
+      p.lse = fa_make_tensor(x.lse, FA_FLOAT32, dev, 3, s);
+    }
+    if (!used.empty()) {
+      int64_t nu = int64_t(used.size());
+      p.attn.seqused_k = fa_make_tensor(x.used, FA_INT32, dev, 1, &nu);
+    }
+    p.attn.causal = c.causal;
+    p.attn.causal_alignment = c.align;
+    p.attn.window_left = c.wl;
+    p.attn.window_right = c.wr;
+    p.attn.softcap = c.softcap;
+    if (c.alibi == 1) p.attn.alibi_slopes = fa_make_tensor(x.slopes, FA_FLOAT32, dev, 1, &c.hq);
+    if (c.alibi == 2) {
+      int64_t s[2] = {batch, c.hq};
+      p.attn.alibi_slopes = fa_make_tensor(x.slopes, FA_FLOAT32, dev, 2, s);
+    }
+    return p;
+  };
+
+  const Ptrs gpu{q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr, dv.ptr,
+                 dcu_q.ptr, dcu_k.ptr, dused.ptr, sl.ptr};
+  fa_bwd_params gp = make(FA_DEVICE_CUDA, gpu);
+  fa_fwd_params fp{};
+  fp.attn = gp.attn;
+  fp.out = gp.out;
+  fp.lse = gp.lse;
+  fa_exec exec = fa_exec_default();
+  exec.deterministic = c.deterministic;
+  ASSERT_EQ(fa_forward(&fp, &exec), FA_OK) << fa_last_error();
+  // Poison: all-ones bits are NaN in fp16 and bf16.
+  ASSERT_EQ(cudaMemset(dq.ptr, 0xff, nq * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dk.ptr, 0xff, nk * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dv.ptr, 0xff, nv * 2), cudaSuccess);
+  ASSERT_EQ(fa_backward(&gp, &exec), FA_OK) << fa_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> got_q = dq.download(), got_k = dk.download(), got_v = dv.download();
+
+  if (c.deterministic) {  // a second run (poisoned again) must reproduce every bit
+    ASSERT_EQ(cudaMemset(dq.ptr, 0xff, nq * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dk.ptr, 0xff, nk * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dv.ptr, 0xff, nv * 2), cudaSuccess);
+    ASSERT_EQ(fa_backward(&gp, &exec), FA_OK) << fa_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(dq.download() == got_q) << "dq differs between two deterministic runs";
+    EXPECT_TRUE(dk.download() == got_k) << "dk differs between two deterministic runs";
+    EXPECT_TRUE(dv.download() == got_v) << "dv differs between two deterministic runs";
+  }
+
+  // The reference reads host memory: the same call with host tensors (out/lse as the GPU forward wrote them).
+  std::vector<uint16_t> host_out = out.download();
+  std::vector<float> host_lse = lse.download();
+  std::vector<uint16_t> unused_q(nq), unused_k(nk), unused_v(nv);
+  const Ptrs host{hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(), hdo.data(), unused_q.data(),
+                  unused_k.data(), unused_v.data(), cu_q.data(), cu_k.data(), used.data(), slopes.data()};
+  fa_bwd_params hp = make(FA_DEVICE_CPU, host);
+  Problem prob;
+  const flashattn::detail::Requirements cpu_req{0, 1, true, "cpu"};
+  auto e = flashattn::detail::validate(hp.attn, hp.out, hp.lse, &hp.dout, &hp.dq, &hp.dk, &hp.dv,
+                                       flashattn::detail::Direction::kBackward, cpu_req,
+                                       varlen ? cu_q.data() : nullptr, varlen ? cu_k.data() : nullptr,
+                                       used.empty() ? nullptr : used.data(), &prob);
+  ASSERT_TRUE(e.ok()) << e.message;
+  ref::Grads exact, plain;
+  // The float64 reference dominates the run time: the two roundings run side by side.
+#pragma omp parallel sections num_threads(2)
+  {
+#pragma omp section
+    ref::backward(prob, ref::Rounding::kExact, &exact);
+#pragma omp section
+    ref::backward(prob, ref::Rounding::kStorage, &plain);
+  }
+
+  // Reference rows are global rows (batched b * S + r), heads outermost; ours: g * (heads*dim + pad) + h*dim + c.
+  // Only rows inside a sequence are compared (varlen tensors have no others here).
+  auto compare = [&](const char* what, const std::vector<uint16_t>& ours, const std::vector<double>& ex,
+                     const std::vector<double>& pl, int64_t heads, int64_t rows, int64_t dim) {
+    ref::Comparison cmp(c.dtype);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t g = 0; g < rows; ++g)
+        for (int64_t col = 0; col < dim; ++col) {
+          const size_t r = size_t((h * rows + g) * dim + col);
+          cmp.add(from_storage(c.dtype, ours[size_t(g * (heads * dim + pad) + h * dim + col)]), ex[r], pl[r]);
+        }
+    EXPECT_TRUE(cmp.passed()) << what << ": " << cmp.summary();
+    testing::Test::RecordProperty(std::string(what) + "_err", std::to_string(cmp.max_err()));
+  };
+  compare("dq", got_q, exact.dq, plain.dq, c.hq, gq, c.d);
+  compare("dk", got_k, exact.dk, plain.dk, c.hkv, gk, c.d);
+  compare("dv", got_v, exact.dv, plain.dv, c.hkv, gk, c.dv);
+}
+
+struct MaskKind {
+  const char* name;
+  bool causal;
+  fa_causal_alignment align;
+  int64_t wl, wr;
+};
+constexpr MaskKind kMasks[] = {{"none", false, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
+                               {"causal_br", true, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
+                               {"causal_tl", true, FA_ALIGN_TOP_LEFT, -1, -1},
+                               {"window", false, FA_ALIGN_BOTTOM_RIGHT, 37, 5}};
+
+std::vector<BwdCase> backward_cases() {
+  std::vector<BwdCase> v;
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}};
+  const int64_t hdims[] = {64, 96, 128, 256, 64};
+  for (fa_dtype dt : {FA_BFLOAT16, FA_FLOAT16}) {
+    int si = 0;
+    for (auto [sq, sk] : shapes) {
+      for (const MaskKind& m : kMasks) {
+        BwdCase c;
+        c.dtype = dt;
+        c.sq = sq, c.sk = sk;
+        c.d = c.dv = hdims[si];
+        c.batch = sq * sk < 10000 ? 2 : 1;
+        c.causal = m.causal, c.align = m.align, c.wl = m.wl, c.wr = m.wr;
+        c.name = std::string(dt == FA_FLOAT16 ? "fp16" : "bf16") + "_" + std::to_string(sq) + "x" + std::to_string(sk) +
+                 "_d" + std::to_string(c.d) + "_" + m.name;
+        v.push_back(c);
+      }
+      ++si;
+    }
+  }
+  auto add = [&](BwdCase c) { v.push_back(c); };
+  for (int64_t d : {8, 72, 128, 200, 256}) {
+    BwdCase c; c.sq = 90, c.sk = 150, c.d = c.dv = d, c.causal = true;
+    c.name = "hdim" + std::to_string(d) + "_causal"; add(c);
+  }
+  {  // dv != d
+    BwdCase c; c.sq = 100, c.sk = 150, c.d = 128, c.dv = 64; c.name = "d128_dv64"; add(c);
+    c.name = "d64_dv128_causal"; c.d = 64, c.dv = 128, c.causal = true; add(c);
+    c.name = "d72_dv200_fp16"; c.dtype = FA_FLOAT16; c.d = 72, c.dv = 200, c.causal = false; add(c);
+  }
+  {  // GQA / MQA
+    BwdCase c; c.sq = 130, c.sk = 160, c.d = c.dv = 64;
+    c.name = "gqa_8to1"; c.hq = 8, c.hkv = 1; add(c);
+    c.name = "gqa_6to2_causal"; c.hq = 6, c.hkv = 2, c.causal = true; add(c);
+    c.name = "gqa_6to2_causal_deterministic"; c.deterministic = true; add(c);
+  }
+  {  // softcap, ALiBi
+    BwdCase c; c.sq = 120, c.sk = 201, c.d = c.dv = 128;
+    c.name = "softcap"; c.softcap = 5.f; add(c);
+    c.name = "softcap_causal_fp16"; c.dtype = FA_FLOAT16; c.causal = true; add(c);
+    c.softcap = 0.f; c.dtype = FA_BFLOAT16;
+    c.name = "alibi"; c.alibi = 1; c.causal = false; add(c);
+    c.name = "alibi_batch_causal"; c.alibi = 2; c.batch = 2; c.causal = true; add(c);
+    c.name = "alibi_softcap_window"; c.alibi = 1; c.softcap = 3.f; c.wl = 50, c.wr = 10; c.causal = false; add(c);
+  }
+  {  // varlen, seqused_k, strided, deterministic
+    BwdCase c; c.d = c.dv = 64;
+    c.name = "varlen"; c.lens_q = {1, 17, 0, 239, 128, 90}; c.lens_k = {1, 33, 5, 239, 1, 129}; add(c);
+    c.name = "varlen_causal_d128"; c.d = c.dv = 128; c.causal = true; add(c);
+    c.name = "varlen_window_tl_gqa"; c.hq = 4, c.hkv = 2; c.causal = false; c.wl = 20, c.wr = 20; c.align = FA_ALIGN_TOP_LEFT; add(c);
+    c.name = "varlen_window_tl_gqa_deterministic"; c.deterministic = true; add(c);
+    BwdCase u; u.d = u.dv = 128; u.batch = 3; u.sq = 70, u.sk = 200;
+    u.name = "seqused_k"; u.used_k = {0, 77, 200}; add(u);
+    u.name = "seqused_k_causal_varlen"; u.lens_q = {50, 64, 3}; u.lens_k = {100, 64, 130}; u.used_k = {60, 0, 130}; u.causal = true; add(u);
+    BwdCase s; s.sq = 97, s.sk = 143, s.d = s.dv = 64; s.row_pad = 8; s.hq = 3, s.hkv = 3;
+    s.name = "strided_rows"; add(s);
+    s.name = "strided_rows_deterministic"; s.deterministic = true; add(s);
+    BwdCase w; w.sq = 255, w.sk = 256, w.d = w.dv = 128; w.causal = true;
+    w.name = "d128_causal_deterministic"; w.deterministic = true; add(w);
+    w.name = "d256_window_softcap_deterministic"; w.d = w.dv = 256; w.causal = false; w.wl = 40, w.wr = 7; w.softcap = 4.f; add(w);
+  }
+  return v;
+}
+
+class Backward : public testing::TestWithParam<BwdCase> {};
+TEST_P(Backward, MatchesReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  run_backward_case(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Sm80, Backward, testing::ValuesIn(backward_cases()), bwd_case_name);
+
+// The small subset for compute-sanitizer: each backward kernel (atomic and deterministic dQ, GQA reduce,
+// every compiled head dim) at sizes that run fast under instrumentation. Picked up by --gtest_filter='Sanitizer*'.
+std::vector<BwdCase> backward_sanitizer_cases() {
+  std::vector<BwdCase> v;
+  for (int64_t d : {64, 128, 256}) {
+    BwdCase c; c.sq = 70, c.sk = 45, c.d = c.dv = d;
+    c.name = "bwd_d" + std::to_string(d) + "_causal"; c.causal = true; v.push_back(c);
+  }
+  BwdCase g; g.sq = 40, g.sk = 70, g.hq = 4, g.hkv = 2; g.deterministic = true;
+  g.name = "bwd_gqa_deterministic"; v.push_back(g);
+  BwdCase c; c.d = c.dv = 72; c.lens_q = {3, 70}; c.lens_k = {40, 9}; c.wl = 10, c.wr = 4; c.alibi = 1; c.softcap = 2.f;
+  c.name = "bwd_varlen_window_alibi_softcap_d72"; v.push_back(c);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Sanitizer, Backward, testing::ValuesIn(backward_sanitizer_cases()), bwd_case_name);
+
+}  // namespace
