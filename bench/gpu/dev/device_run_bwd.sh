@@ -2,7 +2,7 @@
 # One device call for the backward: GPU test binaries (4 gtest shards side by side: the float64 reference is the
 # slow part), compute-sanitizer memcheck + racecheck on the backward sanitizer subset, backward timing next to
 # torch SDPA flash (FA2) and cuDNN. Every phase has its own time limit so that a hang leaves the rest running.
-# Usage (from the staged source root): src/cuda/bench/device_run_bwd.sh OUT_DIR BUILD_DIR[:TAG] [BUILD_DIR2:TAG2]
+# Usage (from the staged source root): bench/gpu/dev/device_run_bwd.sh OUT_DIR BUILD_DIR[:TAG] [BUILD_DIR2:TAG2]
 # The first build runs the whole suite (forward + backward); further builds (backward variants) run the backward.
 O=$1
 shift
@@ -35,6 +35,6 @@ for spec in "$@"; do
     echo "== $TAG $tool rc=$?"; tail -2 "$O/${tool}_$TAG.log"
   done
 done
-timeout 60 python3 src/cuda/bench/bench_bwd.py $LIBS 2048 8192 > "$O/bench_bwd.tsv" 2>&1
+timeout 60 python3 bench/gpu/dev/bench_bwd.py $LIBS 2048 8192 > "$O/bench_bwd.tsv" 2>&1
 echo "== bench rc=$?"
 cat "$O/bench_bwd.tsv"
