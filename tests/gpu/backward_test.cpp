@@ -19,84 +19,18 @@
 #include "cpu/numeric.hpp"
 #include "cpu/reference.hpp"
 #include "flashattn/flashattn.h"
+#include "gpu_support.hpp"
 
 namespace {
 
+using namespace flashattn::gpu_testing;
 using flashattn::detail::Problem;
 namespace ref = flashattn::reference;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+std::string bwd_case_name(const testing::TestParamInfo<Case>& i) { return i.param.name; }
 
-struct BwdCase {
-  std::string name;
-  fa_dtype dtype = FA_BFLOAT16;
-  int64_t batch = 1, sq = 1, sk = 1, hq = 2, hkv = 2, d = 64, dv = 64;
-  bool causal = false;
-  fa_causal_alignment align = FA_ALIGN_BOTTOM_RIGHT;
-  int64_t wl = -1, wr = -1;
-  float softcap = 0.f;
-  int alibi = 0;                    // 0 none, 1: (Hq), 2: (B, Hq)
-  std::vector<int> lens_q, lens_k;  // varlen when non-empty
-  std::vector<int> used_k;          // seqused_k when non-empty
-  int64_t row_pad = 0;              // extra elements per row (non-contiguous strides)
-  bool deterministic = false;
-};
 
-std::string bwd_case_name(const testing::TestParamInfo<BwdCase>& i) { return i.param.name; }
-
-uint16_t to_storage(fa_dtype t, float x) {
-  return t == FA_FLOAT16 ? flashattn::cpu::float_to_fp16(x) : flashattn::cpu::float_to_bf16(x);
-}
-double from_storage(fa_dtype t, uint16_t x) {
-  return t == FA_FLOAT16 ? flashattn::cpu::fp16_to_float(x) : flashattn::cpu::bf16_to_float(x);
-}
-
-template <class T>
-struct Buffer {
-  T* ptr = nullptr;
-  size_t n = 0;
-  explicit Buffer(size_t count) : n(count) {
-    void* p = nullptr;
-    ptr = cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess ? static_cast<T*>(p) : nullptr;
-  }
-  ~Buffer() { cudaFree(ptr); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  void upload(const std::vector<T>& h) { ASSERT_EQ(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
-
-// (batch, rows, heads, dim) or varlen (rows, heads, dim) with row stride heads*dim + pad, so element
-// (global row g, head h, column c) sits at g * (heads*dim + pad) + h*dim + c in both cases.
-fa_tensor view(void* data, fa_dtype dt, fa_device dev, bool varlen, int64_t batch, int64_t rows, int64_t heads,
-               int64_t dim, int64_t pad) {
-  fa_tensor t{};
-  t.data = data;
-  t.dtype = dt;
-  t.device = dev;
-  const int64_t row = heads * dim + pad;
-  if (varlen) {
-    t.ndim = 3;
-    int64_t s[3] = {rows, heads, dim}, st[3] = {row, dim, 1};
-    std::memcpy(t.shape, s, sizeof s);
-    std::memcpy(t.stride, st, sizeof st);
-  } else {
-    t.ndim = 4;
-    int64_t s[4] = {batch, rows, heads, dim}, st[4] = {rows * row, row, dim, 1};
-    std::memcpy(t.shape, s, sizeof s);
-    std::memcpy(t.stride, st, sizeof st);
-  }
-  return t;
-}
-
-void run_backward_case(const BwdCase& c) {
+void run_backward_case(const Case& c) {
   const bool varlen = !c.lens_q.empty();
   const int64_t batch = varlen ? int64_t(c.lens_q.size()) : c.batch;
   std::vector<int32_t> cu_q{0}, cu_k{0};
@@ -128,9 +62,9 @@ void run_backward_case(const BwdCase& c) {
   }
   std::vector<int32_t> used(c.used_k.begin(), c.used_k.end());
 
-  Buffer<uint16_t> q(nq), k(nk), v(nv), out(no), dout(no), dq(nq), dk(nk), dv(nv);
-  Buffer<float> lse(nl), sl(slopes.size());
-  Buffer<int32_t> dcu_q(cu_q.size()), dcu_k(cu_k.size()), dused(used.size());
+  DeviceBuffer<uint16_t> q(nq), k(nk), v(nv), out(no), dout(no), dq(nq), dk(nk), dv(nv);
+  DeviceBuffer<float> lse(nl), sl(slopes.size());
+  DeviceBuffer<int32_t> dcu_q(cu_q.size()), dcu_k(cu_k.size()), dused(used.size());
   ASSERT_TRUE(q.ptr && k.ptr && v.ptr && out.ptr && dout.ptr && dq.ptr && dk.ptr && dv.ptr && lse.ptr);
   q.upload(hq);
   k.upload(hk);
@@ -269,15 +203,15 @@ constexpr MaskKind kMasks[] = {{"none", false, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
                                {"causal_tl", true, FA_ALIGN_TOP_LEFT, -1, -1},
                                {"window", false, FA_ALIGN_BOTTOM_RIGHT, 37, 5}};
 
-std::vector<BwdCase> backward_cases() {
-  std::vector<BwdCase> v;
+std::vector<Case> backward_cases() {
+  std::vector<Case> v;
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}};
   const int64_t hdims[] = {64, 96, 128, 256, 64};
   for (fa_dtype dt : {FA_BFLOAT16, FA_FLOAT16}) {
     int si = 0;
     for (auto [sq, sk] : shapes) {
       for (const MaskKind& m : kMasks) {
-        BwdCase c;
+        Case c;
         c.dtype = dt;
         c.sq = sq, c.sk = sk;
         c.d = c.dv = hdims[si];
@@ -290,24 +224,24 @@ std::vector<BwdCase> backward_cases() {
       ++si;
     }
   }
-  auto add = [&](BwdCase c) { v.push_back(c); };
+  auto add = [&](Case c) { v.push_back(c); };
   for (int64_t d : {8, 72, 128, 200, 256}) {
-    BwdCase c; c.sq = 90, c.sk = 150, c.d = c.dv = d, c.causal = true;
+    Case c; c.sq = 90, c.sk = 150, c.d = c.dv = d, c.causal = true;
     c.name = "hdim" + std::to_string(d) + "_causal"; add(c);
   }
   {  // dv != d
-    BwdCase c; c.sq = 100, c.sk = 150, c.d = 128, c.dv = 64; c.name = "d128_dv64"; add(c);
+    Case c; c.sq = 100, c.sk = 150, c.d = 128, c.dv = 64; c.name = "d128_dv64"; add(c);
     c.name = "d64_dv128_causal"; c.d = 64, c.dv = 128, c.causal = true; add(c);
     c.name = "d72_dv200_fp16"; c.dtype = FA_FLOAT16; c.d = 72, c.dv = 200, c.causal = false; add(c);
   }
   {  // GQA / MQA
-    BwdCase c; c.sq = 130, c.sk = 160, c.d = c.dv = 64;
+    Case c; c.sq = 130, c.sk = 160, c.d = c.dv = 64;
     c.name = "gqa_8to1"; c.hq = 8, c.hkv = 1; add(c);
     c.name = "gqa_6to2_causal"; c.hq = 6, c.hkv = 2, c.causal = true; add(c);
     c.name = "gqa_6to2_causal_deterministic"; c.deterministic = true; add(c);
   }
   {  // softcap, ALiBi
-    BwdCase c; c.sq = 120, c.sk = 201, c.d = c.dv = 128;
+    Case c; c.sq = 120, c.sk = 201, c.d = c.dv = 128;
     c.name = "softcap"; c.softcap = 5.f; add(c);
     c.name = "softcap_causal_fp16"; c.dtype = FA_FLOAT16; c.causal = true; add(c);
     c.softcap = 0.f; c.dtype = FA_BFLOAT16;
@@ -316,25 +250,25 @@ std::vector<BwdCase> backward_cases() {
     c.name = "alibi_softcap_window"; c.alibi = 1; c.softcap = 3.f; c.wl = 50, c.wr = 10; c.causal = false; add(c);
   }
   {  // varlen, seqused_k, strided, deterministic
-    BwdCase c; c.d = c.dv = 64;
+    Case c; c.d = c.dv = 64;
     c.name = "varlen"; c.lens_q = {1, 17, 0, 239, 128, 90}; c.lens_k = {1, 33, 5, 239, 1, 129}; add(c);
     c.name = "varlen_causal_d128"; c.d = c.dv = 128; c.causal = true; add(c);
     c.name = "varlen_window_tl_gqa"; c.hq = 4, c.hkv = 2; c.causal = false; c.wl = 20, c.wr = 20; c.align = FA_ALIGN_TOP_LEFT; add(c);
     c.name = "varlen_window_tl_gqa_deterministic"; c.deterministic = true; add(c);
-    BwdCase u; u.d = u.dv = 128; u.batch = 3; u.sq = 70, u.sk = 200;
+    Case u; u.d = u.dv = 128; u.batch = 3; u.sq = 70, u.sk = 200;
     u.name = "seqused_k"; u.used_k = {0, 77, 200}; add(u);
     u.name = "seqused_k_causal_varlen"; u.lens_q = {50, 64, 3}; u.lens_k = {100, 64, 130}; u.used_k = {60, 0, 130}; u.causal = true; add(u);
-    BwdCase s; s.sq = 97, s.sk = 143, s.d = s.dv = 64; s.row_pad = 8; s.hq = 3, s.hkv = 3;
+    Case s; s.sq = 97, s.sk = 143, s.d = s.dv = 64; s.row_pad = 8; s.hq = 3, s.hkv = 3;
     s.name = "strided_rows"; add(s);
     s.name = "strided_rows_deterministic"; s.deterministic = true; add(s);
-    BwdCase w; w.sq = 255, w.sk = 256, w.d = w.dv = 128; w.causal = true;
+    Case w; w.sq = 255, w.sk = 256, w.d = w.dv = 128; w.causal = true;
     w.name = "d128_causal_deterministic"; w.deterministic = true; add(w);
     w.name = "d256_window_softcap_deterministic"; w.d = w.dv = 256; w.causal = false; w.wl = 40, w.wr = 7; w.softcap = 4.f; add(w);
   }
   return v;
 }
 
-class Backward : public testing::TestWithParam<BwdCase> {};
+class Backward : public testing::TestWithParam<Case> {};
 TEST_P(Backward, MatchesReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   run_backward_case(GetParam());
@@ -343,15 +277,15 @@ INSTANTIATE_TEST_SUITE_P(Sm80, Backward, testing::ValuesIn(backward_cases()), bw
 
 // The small subset for compute-sanitizer: each backward kernel (atomic and deterministic dQ, GQA reduce,
 // every compiled head dim) at sizes that run fast under instrumentation. Picked up by --gtest_filter='Sanitizer*'.
-std::vector<BwdCase> backward_sanitizer_cases() {
-  std::vector<BwdCase> v;
+std::vector<Case> backward_sanitizer_cases() {
+  std::vector<Case> v;
   for (int64_t d : {64, 128, 256}) {
-    BwdCase c; c.sq = 70, c.sk = 45, c.d = c.dv = d;
+    Case c; c.sq = 70, c.sk = 45, c.d = c.dv = d;
     c.name = "bwd_d" + std::to_string(d) + "_causal"; c.causal = true; v.push_back(c);
   }
-  BwdCase g; g.sq = 40, g.sk = 70, g.hq = 4, g.hkv = 2; g.deterministic = true;
+  Case g; g.sq = 40, g.sk = 70, g.hq = 4, g.hkv = 2; g.deterministic = true;
   g.name = "bwd_gqa_deterministic"; v.push_back(g);
-  BwdCase c; c.d = c.dv = 72; c.lens_q = {3, 70}; c.lens_k = {40, 9}; c.wl = 10, c.wr = 4; c.alibi = 1; c.softcap = 2.f;
+  Case c; c.d = c.dv = 72; c.lens_q = {3, 70}; c.lens_k = {40, 9}; c.wl = 10, c.wr = 4; c.alibi = 1; c.softcap = 2.f;
   c.name = "bwd_varlen_window_alibi_softcap_d72"; v.push_back(c);
   return v;
 }

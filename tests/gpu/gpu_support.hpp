@@ -1,0 +1,90 @@
+// Shared pieces of the GPU test binary: the case description, device buffers, and tensor views.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/numeric.hpp"
+#include "flashattn/flashattn.h"
+
+namespace flashattn::gpu_testing {
+
+inline bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+struct Case {
+  std::string name;
+  fa_dtype dtype = FA_BFLOAT16;
+  int64_t batch = 1, sq = 1, sk = 1, hq = 2, hkv = 2, d = 64, dv = 64;
+  bool causal = false;
+  fa_causal_alignment align = FA_ALIGN_BOTTOM_RIGHT;
+  int64_t wl = -1, wr = -1;
+  float softcap = 0.f;
+  int alibi = 0;                 // 0 none, 1: (Hq), 2: (B, Hq)
+  std::vector<int> lens_q, lens_k;  // varlen when non-empty
+  std::vector<int> used_k;          // seqused_k when non-empty
+  int64_t row_pad = 0;              // extra elements per row (non-contiguous strides)
+  bool deterministic = false;        // backward: bit-identical reruns, no atomics
+};
+
+inline uint16_t to_storage(fa_dtype t, float x) {
+  return t == FA_FLOAT16 ? flashattn::cpu::float_to_fp16(x) : flashattn::cpu::float_to_bf16(x);
+}
+inline double from_storage(fa_dtype t, uint16_t x) {
+  return t == FA_FLOAT16 ? flashattn::cpu::fp16_to_float(x) : flashattn::cpu::bf16_to_float(x);
+}
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    void* p = nullptr;
+    ptr = cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess ? static_cast<T*>(p) : nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void upload(const std::vector<T>& h) { ASSERT_EQ(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+// A (rows..., heads, dim) tensor with row stride heads*dim + pad.
+inline fa_tensor view(void* data, fa_dtype dt, fa_device dev, bool varlen, int64_t batch, int64_t rows, int64_t heads,
+               int64_t dim, int64_t pad) {
+  fa_tensor t{};
+  t.data = data;
+  t.dtype = dt;
+  t.device = dev;
+  const int64_t row = heads * dim + pad;
+  if (varlen) {
+    t.ndim = 3;
+    int64_t s[3] = {rows, heads, dim}, st[3] = {row, dim, 1};
+    std::memcpy(t.shape, s, sizeof s);
+    std::memcpy(t.stride, st, sizeof st);
+  } else {
+    t.ndim = 4;
+    int64_t s[4] = {batch, rows, heads, dim}, st[4] = {rows * row, row, dim, 1};
+    std::memcpy(t.shape, s, sizeof s);
+    std::memcpy(t.stride, st, sizeof st);
+  }
+  return t;
+}
+
+}  // namespace flashattn::gpu_testing
