@@ -225,6 +225,19 @@ TEST(Validation, CudaTensorsWithoutCudaBuild) {
 }
 #endif
 
+TEST(Validation, CpuRejectsSequencesBeyondExactFloatPositions) {
+  // Shapes only: the check runs before any data is touched, so a tiny buffer stands in for the tensors.
+  Case c = base();
+  Problem pr(c);
+  FwdParams p = pr.fwd();
+  const int64_t huge = int64_t(1) << 24;
+  p.attn.k.shape[1] = p.attn.v.shape[1] = huge;
+  p.attn.k.stride[0] = p.attn.v.stride[0] = 0;
+  Status st = forward(p, pr.exec());
+  EXPECT_EQ(st.code, FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(st.message.find("sequences of 2^24 or more tokens"), std::string::npos) << st.message;
+}
+
 TEST(Validation, EmptyProblemsAreValid) {
   Case c = base();
   c.seqlen_k = 0;

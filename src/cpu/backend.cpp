@@ -1,5 +1,6 @@
 // The CPU backend: picks the kernels build for this processor's vector width and reports tile shapes.
 #include <atomic>
+#include <string>
 
 #include "core/backend.hpp"
 #include "cpu/tiles.hpp"
@@ -48,8 +49,24 @@ const Kernels& kernels() {
   return k;
 }
 
-detail::Error forward(const detail::Problem& p, const fa_exec& e) { return kernels().forward(p, e.num_threads); }
-detail::Error backward(const detail::Problem& p, const fa_exec& e) { return kernels().backward(p, e.num_threads); }
+// The tile mask compares query and key positions as floats (vector lanes): exact below 2^24.
+constexpr int64_t kMaxSeqlen = int64_t(1) << 24;
+
+detail::Error check_lengths(const detail::Problem& p) {
+  if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen)
+    return detail::unsupported("cpu: sequences of 2^24 or more tokens are not supported (got seqlen_q " +
+                               std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k) + ")");
+  return detail::ok();
+}
+
+detail::Error forward(const detail::Problem& p, const fa_exec& e) {
+  if (detail::Error err = check_lengths(p); !err.ok()) return err;
+  return kernels().forward(p, e.num_threads);
+}
+detail::Error backward(const detail::Problem& p, const fa_exec& e) {
+  if (detail::Error err = check_lengths(p); !err.ok()) return err;
+  return kernels().backward(p, e.num_threads);
+}
 detail::TileShape tile_shape(const detail::Problem& p) {
   CpuTiles t = cpu_tiles(p.head_dim);
   return {t.block_q, t.block_k};
