@@ -192,38 +192,15 @@ void run_backward_case(const Case& c) {
   compare("dv", got_v, exact.dv, plain.dv, c.hkv, gk, c.dv);
 }
 
-struct MaskKind {
-  const char* name;
-  bool causal;
-  fa_causal_alignment align;
-  int64_t wl, wr;
-};
 constexpr MaskKind kMasks[] = {{"none", false, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
                                {"causal_br", true, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
                                {"causal_tl", true, FA_ALIGN_TOP_LEFT, -1, -1},
                                {"window", false, FA_ALIGN_BOTTOM_RIGHT, 37, 5}};
 
 std::vector<Case> backward_cases() {
-  std::vector<Case> v;
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}};
   const int64_t hdims[] = {64, 96, 128, 256, 64};
-  for (fa_dtype dt : {FA_BFLOAT16, FA_FLOAT16}) {
-    int si = 0;
-    for (auto [sq, sk] : shapes) {
-      for (const MaskKind& m : kMasks) {
-        Case c;
-        c.dtype = dt;
-        c.sq = sq, c.sk = sk;
-        c.d = c.dv = hdims[si];
-        c.batch = sq * sk < 10000 ? 2 : 1;
-        c.causal = m.causal, c.align = m.align, c.wl = m.wl, c.wr = m.wr;
-        c.name = std::string(dt == FA_FLOAT16 ? "fp16" : "bf16") + "_" + std::to_string(sq) + "x" + std::to_string(sk) +
-                 "_d" + std::to_string(c.d) + "_" + m.name;
-        v.push_back(c);
-      }
-      ++si;
-    }
-  }
+  std::vector<Case> v = shape_mask_grid(shapes, hdims, kMasks);
   auto add = [&](Case c) { v.push_back(c); };
   for (int64_t d : {8, 72, 128, 200, 256}) {
     Case c; c.sq = 90, c.sk = 150, c.d = c.dv = d, c.causal = true;

@@ -239,38 +239,15 @@ void run_case(const Case& c) {
 }
 
 std::vector<Case> forward_cases() {
-  std::vector<Case> v;
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {1023, 1024}, {1024, 1023}};
   const int64_t hdims[] = {64, 128, 256, 72, 128, 64};
-  struct MaskKind {
-    const char* name;
-    bool causal;
-    fa_causal_alignment align;
-    int64_t wl, wr;
-  };
   const MaskKind masks[] = {{"none", false, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
                             {"causal_br", true, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
                             {"causal_tl", true, FA_ALIGN_TOP_LEFT, -1, -1},
                             {"window", false, FA_ALIGN_BOTTOM_RIGHT, 37, 5},
                             {"window_left", true, FA_ALIGN_TOP_LEFT, 64, -1},
                             {"window_right", false, FA_ALIGN_BOTTOM_RIGHT, -1, 3}};
-  for (fa_dtype dt : {FA_BFLOAT16, FA_FLOAT16}) {
-    int si = 0;
-    for (auto [sq, sk] : shapes) {
-      for (const MaskKind& m : masks) {
-        Case c;
-        c.dtype = dt;
-        c.sq = sq, c.sk = sk;
-        c.d = c.dv = hdims[si];
-        c.batch = sq * sk < 10000 ? 2 : 1;
-        c.causal = m.causal, c.align = m.align, c.wl = m.wl, c.wr = m.wr;
-        c.name = std::string(dt == FA_FLOAT16 ? "fp16" : "bf16") + "_" + std::to_string(sq) + "x" + std::to_string(sk) +
-                 "_d" + std::to_string(c.d) + "_" + m.name;
-        v.push_back(c);
-      }
-      ++si;
-    }
-  }
+  std::vector<Case> v = shape_mask_grid(shapes, hdims, masks);
   // Every head dim, both dtypes' most common masks.
   for (int64_t d : {8, 32, 64, 72, 96, 120, 128, 160, 192, 256}) {
     for (bool causal : {false, true}) {

@@ -87,4 +87,33 @@ inline fa_tensor view(void* data, fa_dtype dt, fa_device dev, bool varlen, int64
   return t;
 }
 
+struct MaskKind {
+  const char* name;
+  bool causal;
+  fa_causal_alignment align;
+  int64_t wl, wr;
+};
+
+// Every (dtype, shape, mask) combination; shape i runs with head dim hdims[i]. Named
+// "<dtype>_<sq>x<sk>_d<d>_<mask>" so a failure names its case.
+template <size_t kShapes, size_t kMasks>
+std::vector<Case> shape_mask_grid(const std::pair<int64_t, int64_t> (&shapes)[kShapes],
+                                  const int64_t (&hdims)[kShapes], const MaskKind (&masks)[kMasks]) {
+  std::vector<Case> v;
+  for (fa_dtype dt : {FA_BFLOAT16, FA_FLOAT16})
+    for (size_t si = 0; si < kShapes; ++si)
+      for (const MaskKind& m : masks) {
+        Case c;
+        c.dtype = dt;
+        c.sq = shapes[si].first, c.sk = shapes[si].second;
+        c.d = c.dv = hdims[si];
+        c.batch = c.sq * c.sk < 10000 ? 2 : 1;
+        c.causal = m.causal, c.align = m.align, c.wl = m.wl, c.wr = m.wr;
+        c.name = std::string(dt == FA_FLOAT16 ? "fp16" : "bf16") + "_" + std::to_string(c.sq) + "x" +
+                 std::to_string(c.sk) + "_d" + std::to_string(c.d) + "_" + m.name;
+        v.push_back(c);
+      }
+  return v;
+}
+
 }  // namespace flashattn::gpu_testing

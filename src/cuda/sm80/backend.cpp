@@ -37,11 +37,12 @@ constexpr FwdKernel kFwdKernels[] = {
 #undef FA_SM80_FWD
 };
 
-// The smallest compiled head dim that covers the problem (less predicated-away math), or null.
-const FwdKernel* pick_fwd(const detail::Problem& p) {
+// The smallest compiled head dim of `table` that covers the problem (less predicated-away math), or null.
+template <class Kernel, size_t kCount>
+const Kernel* pick_kernel(const Kernel (&table)[kCount], const detail::Problem& p) {
   const int64_t need = std::max(p.head_dim, p.head_dim_v);
-  const FwdKernel* best = nullptr;
-  for (const FwdKernel& k : kFwdKernels)
+  const Kernel* best = nullptr;
+  for (const Kernel& k : table)
     if (k.dtype == p.dtype && k.head_dim >= need && (best == nullptr || k.head_dim < best->head_dim)) best = &k;
   return best;
 }
@@ -118,7 +119,7 @@ FwdParams make_params(const detail::Problem& p) {
 }
 
 detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
-  const FwdKernel* kernel = pick_fwd(p);
+  const FwdKernel* kernel = pick_kernel(kFwdKernels, p);
   if (kernel == nullptr)
     return detail::unsupported("q: the cuda-sm80 backend has no kernel for " + std::string(dtype_name(p.dtype)) +
                                " with head_dim " + std::to_string(p.head_dim) + ", head_dim_v " +
@@ -157,14 +158,6 @@ constexpr BwdKernel kBwdKernels[] = {
 #undef FA_SM80_BWD
 };
 
-const BwdKernel* pick_bwd(const detail::Problem& p) {
-  const int64_t need = std::max(p.head_dim, p.head_dim_v);
-  const BwdKernel* best = nullptr;
-  for (const BwdKernel& k : kBwdKernels)
-    if (k.dtype == p.dtype && k.head_dim >= need && (best == nullptr || k.head_dim < best->head_dim)) best = &k;
-  return best;
-}
-
 BwdParams make_bwd_params(const detail::Problem& p, bool deterministic) {
   BwdParams k;
   static_cast<FwdParams&>(k) = make_params(p);
@@ -185,7 +178,7 @@ BwdParams make_bwd_params(const detail::Problem& p, bool deterministic) {
 }
 
 detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
-  const BwdKernel* kernel = pick_bwd(p);
+  const BwdKernel* kernel = pick_kernel(kBwdKernels, p);
   if (kernel == nullptr)
     return detail::unsupported("q: the cuda-sm80 backend has no backward kernel for " +
                                std::string(dtype_name(p.dtype)) + " with head_dim " + std::to_string(p.head_dim) +
@@ -228,7 +221,7 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
 }
 
 detail::TileShape tile_shape(const detail::Problem& p) {
-  const FwdKernel* kernel = pick_fwd(p);
+  const FwdKernel* kernel = pick_kernel(kFwdKernels, p);
   if (kernel == nullptr) return {};
   const FwdTiles t = fwd_tiles(kernel->head_dim);
   return {t.block_q, t.block_k};
