@@ -4,14 +4,9 @@
 
 #include "core/backend.hpp"
 #include "cuda/device.hpp"
+#include "cuda/host_common.hpp"
 
 namespace flashattn::cuda {
-
-namespace sm80 {
-const detail::Backend& backend();
-// Whether the sm80 kernels contain code this device can run (the build's FLASHATTN_SM80_ARCHS).
-cudaError_t kernels_runnable(int device);
-}  // namespace sm80
 
 detail::Error device_arch(int device, int* arch) {
   int count = 0;
@@ -39,6 +34,14 @@ namespace flashattn::detail {
 namespace {
 // The FlashAttention-2 kernels need mma.sync m16n8k16 for bf16 and cp.async: sm80.
 constexpr int kSm80MinArch = 80;
+// The FlashAttention-3 kernels are sm_90a code (wgmma, setmaxnreg): they run on compute capability 9.0 only.
+constexpr int kSm90Arch = 90;
+
+#ifdef FLASHATTN_WITH_SM90
+constexpr bool kSm90Built = true;
+#else
+constexpr bool kSm90Built = false;
+#endif
 }  // namespace
 
 Error select_cuda_backend(fa_backend requested, int device_index, const Backend** out) {
@@ -46,14 +49,31 @@ Error select_cuda_backend(fa_backend requested, int device_index, const Backend*
   if (Error e = cuda::device_arch(device_index, &arch); !e.ok()) return e;
   const std::string device_desc =
       "device " + std::to_string(device_index) + " is sm" + std::to_string(arch);
-  if (requested == FA_BACKEND_CUDA_SM90)
-    return unsupported("exec.backend: the cuda-sm90 (Hopper) backend is not built in this version of flashattn; "
-                       "use FA_BACKEND_CUDA_SM80 or FA_BACKEND_AUTO");
-  // AUTO and SM80 both land on the FlashAttention-2 kernels for now (they run on sm80 through sm90).
+  if (requested == FA_BACKEND_CUDA_SM90) {
+    if (!kSm90Built)
+      return unsupported("exec.backend: this build of flashattn has no cuda-sm90 (Hopper) kernels (configure with "
+                         "FLASHATTN_CUDA_ARCHS including 90a); use FA_BACKEND_CUDA_SM80 or FA_BACKEND_AUTO");
+    if (arch != kSm90Arch)
+      return unsupported("exec.backend: the cuda-sm90 backend needs a compute capability 9.0 GPU (" + device_desc + ")");
+  }
+  // AUTO prefers the Hopper kernels on sm90 when they are built; SM80 and everything else land on the
+  // FlashAttention-2 kernels (they run on sm80 through sm90).
+  const bool want_sm90 = kSm90Built && arch == kSm90Arch && requested != FA_BACKEND_CUDA_SM80;
   if (arch < kSm80MinArch)
     return unsupported("q: the CUDA backends need compute capability 8.0 or newer (" + device_desc + ")");
   cuda::DeviceGuard guard(device_index);
   if (guard.status() != cudaSuccess) return cuda::runtime_error("cudaSetDevice", guard.status());
+  if (want_sm90) {
+    if (cudaError_t e = cuda::sm90::kernels_runnable(device_index); e == cudaSuccess) {
+      *out = &cuda::sm90::backend();
+      return ok();
+    } else if (requested == FA_BACKEND_CUDA_SM90) {
+      cudaGetLastError();
+      return unsupported("q: the cuda-sm90 kernels cannot run on this GPU (" + device_desc + "): " +
+                         cudaGetErrorString(e));
+    }
+    cudaGetLastError();
+  }
   if (cudaError_t e = cuda::sm80::kernels_runnable(device_index); e != cudaSuccess) {
     cudaGetLastError();  // the failed query is recorded as the last error; clear it for the caller
     return unsupported("q: the cuda-sm80 kernels were not built for this GPU (" + device_desc +

@@ -19,6 +19,7 @@
 #include "cpu/numeric.hpp"
 #include "cpu/reference.hpp"
 #include "cuda/sm80/tiles.hpp"
+#include "cuda/sm90/tiles.hpp"
 #include "flashattn/flashattn.h"
 #include "gpu_support.hpp"
 
@@ -134,9 +135,13 @@ void run_case(const Case& c) {
   fa_fwd_params gp = make_params(FA_DEVICE_CUDA, dq.ptr, dk.ptr, dv.ptr, dout.ptr, dlse.ptr, dcu_q.ptr, dcu_k.ptr,
                                  dused.ptr, dslopes.ptr);
   fa_exec exec = fa_exec_default();
-  ASSERT_EQ(fa_forward(&gp, &exec), FA_OK) << fa_last_error();
+  exec.backend = c.backend;
+  const fa_status status = fa_forward(&gp, &exec);
+  if (status == FA_ERROR_UNSUPPORTED && c.backend == FA_BACKEND_CUDA_SM90 && sm90_unavailable_message(fa_last_error()))
+    GTEST_SKIP() << fa_last_error();
+  ASSERT_EQ(status, FA_OK) << fa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_STREQ(fa_backend_name(&gp, &exec), "cuda-sm80");
+  if (backend_label(c.backend) != nullptr) EXPECT_STREQ(fa_backend_name(&gp, &exec), backend_label(c.backend));
   std::vector<uint16_t> out = dout.download();
   std::vector<float> lse = dlse.download();
 
@@ -289,6 +294,16 @@ std::vector<Case> forward_cases() {
     Case s; s.sq = 97, s.sk = 143, s.d = s.dv = 64; s.row_pad = 8; s.hq = 3, s.hkv = 3;
     s.name = "strided_rows"; add(s);
   }
+  {  // more tiles than SMs: persistent CTAs walk several tiles (Q reloads, pipeline phases across tiles)
+    Case c; c.batch = 2, c.hq = 8, c.hkv = 2, c.sq = 2000, c.sk = 2100, c.d = c.dv = 128;
+    c.name = "many_tiles_gqa"; add(c);
+    c.name = "many_tiles_gqa_causal"; c.causal = true; add(c);
+    c.name = "many_tiles_d64_window"; c.d = c.dv = 64; c.causal = false; c.wl = 300, c.wr = 40; add(c);
+    c.name = "many_tiles_d256_causal_fp16"; c.dtype = FA_FLOAT16; c.d = c.dv = 256; c.causal = true; c.wl = c.wr = -1; add(c);
+    Case u; u.d = u.dv = 128; u.hq = 16, u.hkv = 16; u.causal = true;
+    u.lens_q = {1500, 1, 700, 2048, 33, 999}; u.lens_k = {1500, 64, 900, 2048, 1, 1200};
+    u.name = "many_tiles_varlen_causal"; add(u);
+  }
   return v;
 }
 
@@ -297,7 +312,10 @@ TEST_P(Forward, MatchesReference) {
   SKIP_WITHOUT_GPU();
   run_case(GetParam());
 }
-INSTANTIATE_TEST_SUITE_P(Sm80, Forward, testing::ValuesIn(forward_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Sm80, Forward, testing::ValuesIn(for_backends(forward_cases(), {FA_BACKEND_CUDA_SM80})),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Sm90, Forward, testing::ValuesIn(for_backends(forward_cases(), {FA_BACKEND_CUDA_SM90})),
+                         case_name);
 
 // The small subset for compute-sanitizer (memcheck, racecheck): every kernel path at sizes that run fast
 // under instrumentation. --gtest_filter='Sanitizer*'
@@ -312,7 +330,9 @@ std::vector<Case> sanitizer_cases() {
   c.name = "varlen_window_alibi_softcap_d72"; v.push_back(c);
   return v;
 }
-INSTANTIATE_TEST_SUITE_P(Sanitizer, Forward, testing::ValuesIn(sanitizer_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Sanitizer, Forward,
+                         testing::ValuesIn(for_backends(sanitizer_cases(), {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90})),
+                         case_name);
 
 // ----------------------------------------------------------------------------- CUDA-specific validation
 struct SmallCall {
@@ -401,20 +421,43 @@ TEST(Sm80Validation, VarlenDuringGraphCaptureIsRejected) {
 TEST(Sm80Validation, TileShapeReported) {
   SKIP_WITHOUT_GPU();
   SmallCall call;  // head_dim 64: served by the d64 kernel
+  fa_exec exec = fa_exec_default();
+  exec.backend = FA_BACKEND_CUDA_SM80;
   int bq = 0, bk = 0;
-  fa_forward_tile_shape(&call.p, nullptr, &bq, &bk);
+  fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
   constexpr flashattn::cuda::sm80::FwdTiles kD64 = flashattn::cuda::sm80::fwd_tiles(64);
   EXPECT_EQ(bq, kD64.block_q);
   EXPECT_EQ(bk, kD64.block_k);
 }
 
-TEST(Sm80Validation, Sm90RequestIsUnsupported) {
+TEST(Sm80Validation, Sm90TileShapeReported) {
   SKIP_WITHOUT_GPU();
   SmallCall call;
   fa_exec exec = fa_exec_default();
   exec.backend = FA_BACKEND_CUDA_SM90;
-  EXPECT_EQ(fa_forward(&call.p, &exec), FA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(fa_last_error()).find("sm90"), std::string::npos) << fa_last_error();
+  if (fa_forward(&call.p, &exec) == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(fa_last_error()))
+    GTEST_SKIP() << fa_last_error();
+  int bq = 0, bk = 0;
+  fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
+  constexpr flashattn::cuda::sm90::FwdTiles kD64 = flashattn::cuda::sm90::fwd_tiles(64);
+  EXPECT_EQ(bq, kD64.block_q());
+  EXPECT_EQ(bk, kD64.block_k);
+}
+
+// On a GPU other than sm90 (or in a build without the Hopper kernels) an explicit cuda-sm90 request is refused
+// with a message naming the backend; on sm90 it runs, and AUTO picks it.
+TEST(Sm80Validation, Sm90RequestMatchesDevice) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  fa_exec exec = fa_exec_default();
+  exec.backend = FA_BACKEND_CUDA_SM90;
+  const fa_status st = fa_forward(&call.p, &exec);
+  if (st == FA_ERROR_UNSUPPORTED) {
+    EXPECT_NE(std::string(fa_last_error()).find("sm90"), std::string::npos) << fa_last_error();
+    return;
+  }
+  EXPECT_EQ(st, FA_OK) << fa_last_error();
+  EXPECT_STREQ(fa_backend_name(&call.p, nullptr), "cuda-sm90");
 }
 
 }  // namespace

@@ -24,6 +24,17 @@ inline bool have_gpu() {
 #define SKIP_WITHOUT_GPU() \
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
+// The Hopper backend runs only on compute capability 9.0 devices and only when the build has its kernels.
+inline bool sm90_unavailable_message(const std::string& msg) {
+  return msg.find("needs a compute capability 9.0") != std::string::npos ||
+         msg.find("no cuda-sm90") != std::string::npos;
+}
+
+inline const char* backend_label(fa_backend b) {
+  return b == FA_BACKEND_CUDA_SM90 ? "cuda-sm90" : b == FA_BACKEND_CUDA_SM80 ? "cuda-sm80" : nullptr;
+}
+
+
 struct Case {
   std::string name;
   fa_dtype dtype = FA_BFLOAT16;
@@ -37,7 +48,20 @@ struct Case {
   std::vector<int> used_k;          // seqused_k when non-empty
   int64_t row_pad = 0;              // extra elements per row (non-contiguous strides)
   bool deterministic = false;        // backward: bit-identical reruns, no atomics
+  fa_backend backend = FA_BACKEND_AUTO;  // forward: which CUDA backend runs the case
 };
+
+// The same cases once per CUDA backend; names get the backend as a prefix.
+inline std::vector<Case> for_backends(const std::vector<Case>& cases, std::initializer_list<fa_backend> backends) {
+  std::vector<Case> out;
+  for (fa_backend b : backends)
+    for (Case c : cases) {
+      c.backend = b;
+      c.name = std::string(b == FA_BACKEND_CUDA_SM90 ? "sm90_" : "sm80_") + c.name;
+      out.push_back(c);
+    }
+  return out;
+}
 
 inline uint16_t to_storage(fa_dtype t, float x) {
   return t == FA_FLOAT16 ? flashattn::cpu::float_to_fp16(x) : flashattn::cpu::float_to_bf16(x);

@@ -3,6 +3,9 @@ same protocol as shared/anchors/sdpa_bench.py: triton do_bench median, bf16, bat
 model dim 2048 (heads = 2048 / hdim), FLOPs 4*B*H*S*S*D (halved when causal).
 
     python3 bench_fwd.py path/to/libflashattn_capi.so [seqlen ...] [--hdims 64,128,256] [--ours-only] [--tag NAME]
+                         [--backends auto,sm80,sm90]
+
+--backends times each named backend of ours (rows tagged by name; default: auto only, tagged --tag).
 
 Calls the C ABI through ctypes (no binding needed). Prints TSV: backend hdim causal seqlen batch heads ms tflops,
 and a max-abs-difference check of ours against SDPA for each shape.
@@ -62,6 +65,11 @@ def main():
         i = args.index("--tag")
         tag = args[i + 1]
         del args[i:i + 2]
+    backends = None
+    if "--backends" in args:
+        i = args.index("--backends")
+        backends = args[i + 1].split(",")
+        del args[i:i + 2]
     if "--ours-only" in args:
         ours_only = True
         args.remove("--ours-only")
@@ -81,17 +89,22 @@ def main():
                 p.attn.q, p.attn.k, p.attn.v, p.out = view(q), view(k), view(v), view(out)
                 p.attn.causal = int(causal)
                 p.attn.window_left = p.attn.window_right = -1
-                ex = Exec()
-                ex.stream = torch.cuda.current_stream().cuda_stream
                 flops = 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
-
-                def ours():
-                    if lib.fa_forward(C.byref(p), C.byref(ex)) != 0:
-                        raise RuntimeError(lib.fa_last_error().decode())
-
                 results = {}
-                ours()
-                results[tag] = do_bench(ours, warmup=50, rep=200, return_mode="median")
+                for bname in backends or [None]:
+                    ex = Exec()
+                    ex.backend = {None: 0, "auto": 0, "sm80": 2, "sm90": 3}[bname]
+                    ex.stream = torch.cuda.current_stream().cuda_stream
+
+                    def ours():
+                        if lib.fa_forward(C.byref(p), C.byref(ex)) != 0:
+                            raise RuntimeError(lib.fa_last_error().decode())
+
+                    try:
+                        ours()
+                        results[bname or tag] = do_bench(ours, warmup=50, rep=200, return_mode="median")
+                    except Exception as e:
+                        print(f"# {bname or tag} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
                 ref = None
                 for name, be in () if ours_only else (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):

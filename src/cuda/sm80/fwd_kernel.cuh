@@ -15,6 +15,7 @@
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 
+#include "cuda/common/fwd_policies.cuh"
 #include "cuda/sm80/fwd_params.hpp"
 #include "cuda/sm80/tiles.hpp"
 
@@ -86,65 +87,6 @@ struct TileScheduler {
   __device__ static Tile current() { return {int(gridDim.x - 1 - blockIdx.x), int(blockIdx.y), int(blockIdx.z)}; }
 };
 
-// Where the sequence of batch entry b lives, and its lengths.
-struct SeqInfo {
-  int q_start = 0, k_start = 0;  // varlen: first global row; batched: 0
-  int len_q = 0, len_k = 0;
-  __device__ SeqInfo(const FwdParams& p, int b) {
-    if (p.cu_seqlens_q != nullptr) {
-      q_start = p.cu_seqlens_q[b];
-      k_start = p.cu_seqlens_k[b];
-      len_q = p.cu_seqlens_q[b + 1] - q_start;
-      len_k = p.cu_seqlens_k[b + 1] - k_start;
-    } else {
-      len_q = p.seqlen_q;
-      len_k = p.seqlen_k;
-    }
-    if (p.seqused_k != nullptr) len_k = p.seqused_k[b];
-  }
-};
-
-struct BlockRange {
-  int lo, hi;  // key blocks [lo, hi)
-};
-
-// ------------------------------------------------------------------------------------------- mask policies
-struct ColRange {
-  int lo, hi;  // visible keys [lo, hi)
-};
-
-// Only the keys past the end of the sequence are masked.
-struct KeyLengthMask {
-  int len_k;
-  __device__ KeyLengthMask(const FwdParams&, const SeqInfo& s) : len_k(s.len_k) {}
-  __device__ BlockRange blocks(int /*m0*/, int /*rows*/, int block_n) const { return {0, (len_k + block_n - 1) / block_n}; }
-  __device__ bool block_needs_mask(int /*m0*/, int /*rows*/, int n0, int block_n) const { return n0 + block_n > len_k; }
-  __device__ ColRange cols(int /*row*/) const { return {0, len_k}; }
-};
-
-// Causal or sliding window: query i sees keys [i + off - left, i + off + right] (a side of -1 is unbounded).
-struct WindowMask {
-  int len_k, diag_off, left, right;
-  __device__ WindowMask(const FwdParams& p, const SeqInfo& s)
-      : len_k(s.len_k), diag_off(p.bottom_right ? s.len_k - s.len_q : 0), left(p.window_left), right(p.window_right) {}
-  // Key blocks touched by query rows [m0, m0 + rows).
-  __device__ BlockRange blocks(int m0, int rows, int block_n) const {
-    const int hi = right >= 0 ? min(len_k, m0 + rows - 1 + diag_off + right + 1) : len_k;
-    const int lo = left >= 0 ? max(0, m0 + diag_off - left) : 0;
-    if (hi <= lo) return {0, 0};
-    return {lo / block_n, (hi + block_n - 1) / block_n};
-  }
-  __device__ bool block_needs_mask(int m0, int rows, int n0, int block_n) const {
-    const int last_col = n0 + block_n - 1;
-    return last_col >= len_k || (right >= 0 && last_col > m0 + diag_off + right) ||
-           (left >= 0 && n0 < m0 + rows - 1 + diag_off - left);
-  }
-  __device__ ColRange cols(int row) const {
-    const int diag = row + diag_off;
-    return {left >= 0 ? diag - left : 0, right >= 0 ? min(len_k, diag + right + 1) : len_k};
-  }
-};
-
 // ------------------------------------------------------------------------------------------- helpers
 // MMA accumulator ((2,2), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent columns,
 // value mode 1 the row 8 below.
@@ -160,37 +102,6 @@ template <class Layout>
 __device__ constexpr auto acc_as_a_operand(Layout l) {
   auto d = logical_divide(l, Shape<Underscore, Underscore, _2>{});
   return make_layout(make_layout(get<0>(d), get<2, 0>(d)), get<1>(d), get<2, 1>(d));
-}
-
-// fp32 accumulators -> fp16/bf16, two at a time (one cvt.rn.{bf16x2,f16x2}.f32 per pair).
-template <typename To, class Engine, class Layout>
-__device__ auto convert_fragment(const Tensor<Engine, Layout>& src) {
-  Tensor dst = make_tensor<To>(src.layout());
-  static_assert(decltype(size(src))::value % 2 == 0);
-  cutlass::NumericArrayConverter<To, float, 2> convert;
-  CUTE_UNROLL
-  for (int i = 0; i < size(src); i += 2) {
-    cutlass::Array<float, 2> pair;
-    pair[0] = src(i);
-    pair[1] = src(i + 1);
-    const cutlass::Array<To, 2> out = convert(pair);
-    dst(i) = out[0];
-    dst(i + 1) = out[1];
-  }
-  return dst;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// The four threads of an MMA quad share an accumulator row.
-template <class Op>
-__device__ __forceinline__ float quad_reduce(float x, Op op) {
-  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
 // Tile load. A full tile (all rows inside the tensor, head dim equal to the compiled one) is copied
@@ -248,76 +159,6 @@ __device__ void gemm_reg_smem(Acc& acc, const RA& rA, RB& rB, const SB& sB, cons
     cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
   }
 }
-
-// ------------------------------------------------------------------------------------------- online softmax
-// Running max and sum of each accumulator row a thread holds. Scores stay unscaled until exponentiated:
-// p = exp2(s * scale_log2 - max * scale_log2), one FFMA and one MUFU.EX2 per score.
-template <int kRows>
-struct OnlineSoftmax {
-  float row_max[kRows];
-  float row_sum[kRows];  // this thread's partial sums; reduced over the quad once, in finish()
-
-  __device__ OnlineSoftmax() {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      row_max[r] = -INFINITY;
-      row_sum[r] = 0.f;
-    }
-  }
-
-  // Turns the scores S (rows, cols) into probabilities and rescales the output accumulator O (rows, dv).
-  template <bool kFirst, class S, class O>
-  __device__ void update(S& s, O& o, float scale_log2) {
-    float correction[kRows];
-    bool changed = false;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      m = quad_reduce(m, [](float a, float b) { return fmaxf(a, b); });
-      // A row with nothing visible so far keeps max -inf; offsetting by 0 then keeps exp2(-inf) = 0 (not NaN).
-      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      if (!kFirst) {
-        correction[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
-        row_sum[r] *= correction[r];
-        changed |= m != row_max[r];
-      }
-      row_max[r] = m;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        const float e = fast_exp2(s(r, c) * scale_log2 - m_scaled);
-        s(r, c) = e;
-        sum += e;
-      }
-      row_sum[r] += sum;
-    }
-    // Rescaling O costs one FMUL per output accumulator; once the running maxima settle (most key blocks of
-    // a long row) no row of the warp changes and the factor is exactly 1, so the warp skips it.
-    if (!kFirst && __any_sync(0xffffffffu, changed)) {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
-      }
-    }
-  }
-
-  // Normalises O and returns each row's natural-log LSE in lse[] (-inf and O = 0 for rows that saw no key;
-  // a NaN sum stays NaN so that NaN inputs propagate).
-  template <class O>
-  __device__ void finish(O& o, float logit_scale, float (&lse)[kRows]) {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_reduce(row_sum[r], [](float a, float b) { return a + b; });
-      const float inv = sum == 0.f ? 0.f : 1.f / sum;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
-      lse[r] = sum == 0.f ? -INFINITY : row_max[r] * logit_scale + logf(sum);
-    }
-  }
-};
 
 // ------------------------------------------------------------------------------------------- the kernel
 // kScoreMods: softcap and/or ALiBi present. A separate instantiation keeps their registers (tanh, per-score
@@ -401,9 +242,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
   const Mask mask(p, seq);
   const BlockRange range = mask.blocks(m0, rows_here, kBlockN);
-  const float alibi_slope =
-      p.alibi != nullptr ? p.alibi[int64_t(tile.batch) * p.alibi_batch_stride + tile.head] / p.logit_scale : 0.f;
-  const int diag_off = p.bottom_right ? seq.len_k - seq.len_q : 0;
+  const ScoreMods mods(p, seq, tile.batch, tile.head);
 
   // ---- mainloop: key blocks from the last to the first, so the one partial (masked) block comes first
   if (range.hi > range.lo) {
@@ -424,32 +263,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
       Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
       const int n0 = n * kBlockN;
-      if constexpr (kScoreMods) {
-        if (p.softcap > 0.f) {
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc_s); ++i) acc_s(i) = p.softcap * tanhf(acc_s(i) * p.softcap_in_scale);
-        }
-        if (p.alibi != nullptr) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const int diag = m0 + get<0>(cS_rc(r, 0)) + diag_off - n0;
-            CUTE_UNROLL
-            for (int c = 0; c < size<1>(s); ++c) s(r, c) -= alibi_slope * float(abs(diag - get<1>(cS_rc(0, c))));
-          }
-        }
-      }
-      if (mask.block_needs_mask(m0, rows_here, n0, kBlockN)) {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const ColRange cr = mask.cols(m0 + get<0>(cS_rc(r, 0)));
-          const int lo = cr.lo - n0, hi = cr.hi - n0;
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(s); ++c) {
-            const int col = get<1>(cS_rc(0, c));
-            if (col < lo || col >= hi) s(r, c) = -INFINITY;
-          }
-        }
-      }
+      if constexpr (kScoreMods) mods.apply(s, cS_rc, m0, n0);
+      if (mask.block_needs_mask(m0, rows_here, n0, kBlockN)) apply_mask(mask, s, cS_rc, m0, n0);
 
       cute::cp_async_wait<0>();
       __syncthreads();  // V(n) landed; every warp is done reading K(n)

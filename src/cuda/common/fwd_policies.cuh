@@ -1,0 +1,231 @@
+// Device pieces every forward kernel shares (sm80 FlashAttention-2 and sm90 FlashAttention-3 designs): where a
+// sequence lives, the mask policies (which key blocks a query block visits, which scores are masked), the score
+// modifiers (softcap, ALiBi), and the online softmax over an accumulator viewed as (rows, cols). Both MMA
+// families give each thread rows whose four owners form a quad of adjacent lanes (mma.sync m16n8k16 and wgmma
+// m64nNk16 have the same row/column ownership per warp), so the row reductions are the same quad shuffles.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+#include "cuda/fwd_params.hpp"
+
+namespace flashattn::cuda {
+
+// Where the sequence of batch entry b lives, and its lengths.
+struct SeqInfo {
+  int q_start = 0, k_start = 0;  // varlen: first global row; batched: 0
+  int len_q = 0, len_k = 0;
+  __device__ SeqInfo(const FwdParams& p, int b) {
+    if (p.cu_seqlens_q != nullptr) {
+      q_start = p.cu_seqlens_q[b];
+      k_start = p.cu_seqlens_k[b];
+      len_q = p.cu_seqlens_q[b + 1] - q_start;
+      len_k = p.cu_seqlens_k[b + 1] - k_start;
+    } else {
+      len_q = p.seqlen_q;
+      len_k = p.seqlen_k;
+    }
+    if (p.seqused_k != nullptr) len_k = p.seqused_k[b];
+  }
+};
+
+struct BlockRange {
+  int lo, hi;  // key blocks [lo, hi)
+};
+
+struct ColRange {
+  int lo, hi;  // visible keys [lo, hi)
+};
+
+// Only the keys past the end of the sequence are masked.
+struct KeyLengthMask {
+  int len_k;
+  __device__ KeyLengthMask(const FwdParams&, const SeqInfo& s) : len_k(s.len_k) {}
+  __device__ BlockRange blocks(int /*m0*/, int /*rows*/, int block_n) const { return {0, (len_k + block_n - 1) / block_n}; }
+  __device__ bool block_needs_mask(int /*m0*/, int /*rows*/, int n0, int block_n) const { return n0 + block_n > len_k; }
+  __device__ ColRange cols(int /*row*/) const { return {0, len_k}; }
+};
+
+// Causal or sliding window: query i sees keys [i + off - left, i + off + right] (a side of -1 is unbounded).
+// With both sides unbounded it is KeyLengthMask at the price of a few integer operations per key block.
+struct WindowMask {
+  int len_k, diag_off, left, right;
+  __device__ WindowMask(const FwdParams& p, const SeqInfo& s)
+      : len_k(s.len_k), diag_off(p.bottom_right ? s.len_k - s.len_q : 0), left(p.window_left), right(p.window_right) {}
+  // Key blocks touched by query rows [m0, m0 + rows).
+  __device__ BlockRange blocks(int m0, int rows, int block_n) const {
+    const int hi = right >= 0 ? min(len_k, m0 + rows - 1 + diag_off + right + 1) : len_k;
+    const int lo = left >= 0 ? max(0, m0 + diag_off - left) : 0;
+    if (hi <= lo) return {0, 0};
+    return {lo / block_n, (hi + block_n - 1) / block_n};
+  }
+  __device__ bool block_needs_mask(int m0, int rows, int n0, int block_n) const {
+    const int last_col = n0 + block_n - 1;
+    return last_col >= len_k || (right >= 0 && last_col > m0 + diag_off + right) ||
+           (left >= 0 && n0 < m0 + rows - 1 + diag_off - left);
+  }
+  __device__ ColRange cols(int row) const {
+    const int diag = row + diag_off;
+    return {left >= 0 ? diag - left : 0, right >= 0 ? min(len_k, diag + right + 1) : len_k};
+  }
+};
+
+// Scores of one (query block, key block) tile: s is the accumulator viewed (rows, cols), coords the matching
+// (row, col) positions inside the tile; m0 / n0 the tile's first query / key.
+struct ScoreMods {
+  float softcap, softcap_in_scale, alibi_slope;
+  int diag_off;
+  // The ALiBi slope is divided by the logit scale: the softmax multiplies every score by it later.
+  __device__ ScoreMods(const FwdParams& p, const SeqInfo& s, int batch, int head)
+      : softcap(p.softcap),
+        softcap_in_scale(p.softcap_in_scale),
+        alibi_slope(p.alibi != nullptr ? p.alibi[int64_t(batch) * p.alibi_batch_stride + head] / p.logit_scale : 0.f),
+        diag_off(p.bottom_right ? s.len_k - s.len_q : 0) {}
+  template <class S, class C>
+  __device__ void apply(S& s, const C& coords, int m0, int n0) const {
+    if (softcap > 0.f) {
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size(s); ++i) s(i) = softcap * tanhf(s(i) * softcap_in_scale);
+    }
+    if (alibi_slope != 0.f) {
+      CUTE_UNROLL
+      for (int r = 0; r < cute::size<0>(s); ++r) {
+        const int diag = m0 + cute::get<0>(coords(r, 0)) + diag_off - n0;
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(s); ++c) s(r, c) -= alibi_slope * float(abs(diag - cute::get<1>(coords(0, c))));
+      }
+    }
+  }
+};
+
+// Sets the scores the mask hides to -inf (an assignment: a NaN or inf computed from a key past the end of the
+// sequence never leaks into the row).
+template <class Mask, class S, class C>
+__device__ void apply_mask(const Mask& mask, S& s, const C& coords, int m0, int n0) {
+  CUTE_UNROLL
+  for (int r = 0; r < cute::size<0>(s); ++r) {
+    const ColRange cr = mask.cols(m0 + cute::get<0>(coords(r, 0)));
+    const int lo = cr.lo - n0, hi = cr.hi - n0;
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(s); ++c) {
+      const int col = cute::get<1>(coords(0, c));
+      if (col < lo || col >= hi) s(r, c) = -INFINITY;
+    }
+  }
+}
+
+// fp32 accumulators -> fp16/bf16, two at a time (one cvt.rn.{bf16x2,f16x2}.f32 per pair).
+template <typename To, class Engine, class Layout>
+__device__ auto convert_fragment(const cute::Tensor<Engine, Layout>& src) {
+  cute::Tensor dst = cute::make_tensor<To>(src.layout());
+  static_assert(decltype(cute::size(src))::value % 2 == 0);
+  cutlass::NumericArrayConverter<To, float, 2> convert;
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(src); i += 2) {
+    cutlass::Array<float, 2> pair;
+    pair[0] = src(i);
+    pair[1] = src(i + 1);
+    const cutlass::Array<To, 2> out = convert(pair);
+    dst(i) = out[0];
+    dst(i + 1) = out[1];
+  }
+  return dst;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The four threads of an MMA quad share an accumulator row.
+template <class Op>
+__device__ __forceinline__ float quad_reduce(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Running max and sum of each accumulator row a thread holds. Scores stay unscaled until exponentiated:
+// p = exp2(s * scale_log2 - max * scale_log2), one FFMA and one MUFU.EX2 per score.
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];  // this thread's partial sums; reduced over the quad once, in finish()
+
+  __device__ OnlineSoftmax() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // Turns the scores S (rows, cols) into probabilities; correction[r] is the factor the output accumulator's
+  // row r must be multiplied by (1 when the max did not move). Returns whether any row of the warp changed its
+  // max: once the running maxima settle (most key blocks of a long row) the rescale of O can be skipped.
+  // Split from the rescale so that a kernel can exponentiate while an MMA still accumulates into O.
+  template <bool kFirst, class S>
+  __device__ bool exponentiate(S& s, float scale_log2, float (&correction)[kRows]) {
+    bool changed = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(s); ++c) m = fmaxf(m, s(r, c));
+      m = quad_reduce(m, [](float a, float b) { return fmaxf(a, b); });
+      // A row with nothing visible so far keeps max -inf; offsetting by 0 then keeps exp2(-inf) = 0 (not NaN).
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      correction[r] = 1.f;
+      if (!kFirst) {
+        correction[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+        row_sum[r] *= correction[r];
+        changed |= m != row_max[r];
+      }
+      row_max[r] = m;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(s); ++c) {
+        const float e = fast_exp2(s(r, c) * scale_log2 - m_scaled);
+        s(r, c) = e;
+        sum += e;
+      }
+      row_sum[r] += sum;
+    }
+    return !kFirst && __any_sync(0xffffffffu, changed);
+  }
+
+  template <class O>
+  __device__ static void rescale(O& o, const float (&correction)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= correction[r];
+    }
+  }
+
+  // Exponentiates S and rescales the output accumulator O (rows, dv) in one step.
+  template <bool kFirst, class S, class O>
+  __device__ void update(S& s, O& o, float scale_log2) {
+    float correction[kRows];
+    if (exponentiate<kFirst>(s, scale_log2, correction)) rescale(o, correction);
+  }
+
+  // Normalises O and returns each row's natural-log LSE in lse[] (-inf and O = 0 for rows that saw no key;
+  // a NaN sum stays NaN so that NaN inputs propagate).
+  template <class O>
+  __device__ void finish(O& o, float logit_scale, float (&lse)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_reduce(row_sum[r], [](float a, float b) { return a + b; });
+      const float inv = sum == 0.f ? 0.f : 1.f / sum;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= inv;
+      lse[r] = sum == 0.f ? -INFINITY : row_max[r] * logit_scale + logf(sum);
+    }
+  }
+};
+
+}  // namespace flashattn::cuda

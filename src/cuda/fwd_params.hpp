@@ -1,0 +1,53 @@
+// What the forward kernels (sm80 and sm90) read: a plain struct built on the host from the validated Problem, passed by
+// value as the kernel argument (no device allocation per call). Shared by host (.cpp) and device (.cu) code.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn::cuda {
+
+struct FwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // optional
+  // Strides in elements. Batched: row (b, r, h) at b*batch + r*row + h*head; varlen: batch unused, row index
+  // global (cu_seqlens[b] + r).
+  int64_t q_batch = 0, q_row = 0, q_head = 0;
+  int64_t k_batch = 0, k_row = 0, k_head = 0;
+  int64_t v_batch = 0, v_row = 0, v_head = 0;
+  int64_t o_batch = 0, o_row = 0, o_head = 0;
+  int64_t lse_batch = 0, lse_row = 0, lse_head = 0;
+
+  const int32_t* cu_seqlens_q = nullptr;  // both set: varlen
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;     // optional
+
+  int batch = 0, heads_q = 0, group = 1;  // group = heads_q / heads_kv (GQA/MQA)
+  int seqlen_q = 0, seqlen_k = 0;         // batched sizes; varlen: max_seqlen_q / max_seqlen_k
+  int head_dim = 0, head_dim_v = 0;       // actual dims; the kernel's compiled dim may be larger (predicated)
+  // Rows of the q and k/v tensors (batched: seqlen per batch entry; varlen: total rows): the extents of the
+  // sm90 kernel's TMA descriptors.
+  int64_t tensor_rows_q = 0, tensor_rows_k = 0;
+
+  // Logits: s = logit_scale * (q.k) without softcap; with softcap c: s = c * tanh(q.k * scale / c), and
+  // logit_scale = 1. The softmax runs in base 2: exp(s - m) = exp2(raw * scale_log2 - m * scale_log2).
+  float softcap = 0.f;
+  float softcap_in_scale = 0.f;  // scale / c
+  float logit_scale = 1.f;
+  float scale_log2 = 1.f;        // logit_scale * log2(e)
+
+  bool bottom_right = true;                    // mask offset Sk - Sq (else 0)
+  bool has_window = false;                     // causal or sliding window
+  int window_left = -1, window_right = -1;     // -1 unbounded
+
+  const float* alibi = nullptr;  // slopes, (Hq) or (B, Hq)
+  int64_t alibi_batch_stride = 0;
+};
+
+}  // namespace flashattn::cuda

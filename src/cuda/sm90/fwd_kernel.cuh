@@ -1,0 +1,533 @@
+// The sm90 forward kernel (FlashAttention-3 design) written with CuTe/CUTLASS sm90 primitives:
+//   tile scheduler  -> persistent CTAs walk (query block, head, batch) tiles; longest first under causal/window
+//   producer        -> one warp of the producer warpgroup issues TMA loads of Q (per tile) and of K/V (per key
+//                      block) into a multi-stage pipeline completing on mbarriers; the warpgroup gives its
+//                      registers to the consumers (setmaxnreg)
+//   consumers       -> 2 or 3 warpgroups, 64 query rows each: S = Q.K^T as wgmma with both operands in shared
+//                      memory, online softmax in registers, O += P.V as wgmma with P from registers;
+//                      ping-pong (named barriers order the warpgroups' GEMM issue so that one's softmax runs
+//                      under the other's GEMMs) and intra-warpgroup overlap (the softmax of block j runs while
+//                      Q.K^T of block j+1 and P.V of block j-1 are in flight)
+//   epilogue        -> normalise, stage O through shared memory, TMA store (batched) or predicated 128-bit
+//                      stores (varlen, where a box could spill into the next sequence), LSE from registers
+// Masks (causal both alignments, window), softcap, ALiBi, GQA, varlen and seqused_k use the policies shared
+// with the sm80 kernel (src/cuda/common/fwd_policies.cuh). Head dims below the compiled one: the TMA boxes are
+// zero filled past the tensor's real head dim, and the stores are clipped (TMA) or predicated.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/common/fwd_policies.cuh"
+#include "cuda/sm90/mechanisms.hpp"
+#include "cuda/sm90/tiles.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+using namespace cute;
+
+// ------------------------------------------------------------------------------------------- traits
+// K-major shared-memory atom with the widest swizzle the head dim allows (128-byte rows of 64 elements when the
+// head dim is a multiple of 64): the layout wgmma reads without bank conflicts and TMA writes in one box row.
+template <class Element, int kHeadDim>
+constexpr auto smem_atom_k_major() {
+  if constexpr (kHeadDim % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
+  else if constexpr (kHeadDim % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
+  else return GMMA::Layout_K_SW32_Atom<Element>{};
+}
+
+template <class Element_, int kHeadDim_, class Mech_ = Mechanisms<>>
+struct FwdTraits {
+  using Element = Element_;
+  using Mech = Mech_;
+  static constexpr FwdTiles kTiles = fwd_tiles(kHeadDim_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWgRows = kWarpgroupRows;
+  static constexpr int kConsumerWGs = kTiles.consumer_warpgroups;
+  static constexpr int kBlockM = kTiles.block_q();
+  static constexpr int kBlockN = Mech::kBlockN > 0 ? Mech::kBlockN : kTiles.block_k;
+  static constexpr int kStages = Mech::kStages > 0 ? Mech::kStages : kTiles.stages;
+  static constexpr int kWgThreads = cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kConsumerThreads = kConsumerWGs * kWgThreads;
+  static constexpr int kThreads = kConsumerThreads + kWgThreads;  // + the producer warpgroup
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K steps are 16 elements");
+
+  // Register split (setmaxnreg): the producer keeps the minimum (24); the consumers share the rest of the
+  // 64K-register file, rounded down to the multiple of 8 setmaxnreg takes and capped at 240.
+  static constexpr int kRegisterFile = 64 * 1024;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegsRaw = (kRegisterFile / kWgThreads - kProducerRegs) / kConsumerWGs / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
+
+  // MMAs of one consumer warpgroup: S (64 x kBlockN) = Q (64 x d) K^T, both from shared memory; O (64 x d) +=
+  // P (64 x kBlockN, registers) V, V read as the MN-major B operand straight from its (keys, d) tile.
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kBlockN>, Int<kHeadDim>>>()));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>()));
+
+  using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+  // Q and O: (64 rows, d, warpgroup): each warpgroup's rows are one contiguous region, so a warpgroup may
+  // overwrite its own Q rows with its O while the others still read theirs.
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kWgRows>, Int<kHeadDim>, Int<kConsumerWGs>>{}));
+  using SmemLayoutO = SmemLayoutQ;
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // V as the (d, keys) B operand of P.V: the same bytes, keys the contiguous (MN-major) mode.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  static constexpr int kTileBytesQ = kWgRows * kHeadDim * int(sizeof(Element));  // one warpgroup's rows
+  static constexpr int kTileBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kMaxSmemBytes = 227 * 1024;  // sm90 opt-in limit per CTA
+  static constexpr int kMainSmemBytes =
+      int(sizeof(Element)) * int(cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>);
+  static constexpr int kBarrierSlack = 1024;  // pipelines' mbarriers + alignment
+  // O gets its own tile when it fits: the next tile's Q load then overlaps this tile's epilogue. Otherwise
+  // (d256) each warpgroup stages O in its own Q rows.
+  static constexpr bool kSeparateO = kMainSmemBytes + kConsumerWGs * kTileBytesQ + kBarrierSlack <= kMaxSmemBytes;
+  static constexpr int kSmemO = kSeparateO ? int(cosize_v<SmemLayoutO>) : 1;
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, kSmemO, 1024> o;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+    cutlass::arch::ClusterTransactionBarrier barrier_q;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= kMaxSmemBytes, "tile table entry does not fit shared memory");
+
+  // Global tensors as TMA sees them: (rows, d, heads, batch); varlen: (total rows, d, heads, 1).
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, take<0, 2>(SmemLayoutQ{}),
+                                      Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, take<0, 2>(SmemLayoutK{}),
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, take<0, 2>(SmemLayoutO{}),
+                                      Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{}));
+
+  // Epilogue for varlen: 128-bit vectors from shared memory to global, 128 threads of one warpgroup.
+  static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
+  static constexpr int kThreadsPerRow = kHeadDim / kVecElems;
+  using GmemStoreO = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
+      Layout<Shape<Int<kWgThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, Int<kVecElems>>>{}));
+};
+
+template <class Traits>
+struct KernelParams {
+  FwdParams p;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+  typename Traits::TmaO tma_o;
+  typename Traits::GmemShape shape_q, shape_k, shape_v, shape_o;
+  int num_m_blocks = 0;
+};
+
+// ------------------------------------------------------------------------------------------- tile scheduler
+// Tiles are numbered 0..count-1 and CTA c takes c, c + gridDim.x, ... (one tile per CTA when not persistent).
+// Without a window, the query blocks of one (head, batch) are consecutive so that CTAs running together share
+// its K/V in L2; under causal/window the longest query blocks (the last ones) come first, so that the short ones
+// fill the tail of the schedule.
+struct TileScheduler {
+  struct Tile {
+    int m_block, head, batch;
+  };
+  int num_m_blocks, heads, batch;
+  bool longest_first;
+  __device__ int count() const { return num_m_blocks * heads * batch; }
+  __device__ Tile tile(int idx) const {
+    int m, hb;
+    if (longest_first) {
+      const int hb_count = heads * batch;
+      m = num_m_blocks - 1 - idx / hb_count;
+      hb = idx % hb_count;
+    } else {
+      m = idx % num_m_blocks;
+      hb = idx / num_m_blocks;
+    }
+    return {m, hb % heads, hb / heads};
+  }
+};
+
+// ------------------------------------------------------------------------------------------- helpers
+// Named barriers (ids above CUTLASS's reserved ones).
+enum Barrier : int {
+  kQFree = 0,          // consumers -> producer: the previous tile's Q (and, aliased, O) space may be reloaded
+  kSchedulerBase = 1,  // one per consumer warpgroup: its turn to issue GEMMs (ping-pong)
+  kEpilogueBase = 4,   // one per consumer warpgroup: its O tile is complete in shared memory
+};
+
+// wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent
+// columns, mode 1 the row 8 below, mode 2 the 8-column groups.
+template <class L>
+__device__ constexpr auto rows_cols(L l) {
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+}
+
+// The accumulator of S reused as the register A operand of P.V: the m64nNk16 accumulator of columns
+// [16j, 16j + 16) is exactly the A fragment of k-slice j, so ((2, 2, N/8), M, 1) -> ((2, 2, 2), M, N/16).
+template <class L>
+__device__ constexpr auto acc_as_a_operand(L l) {
+  static_assert(decltype(size<2>(l))::value == 1);
+  auto groups = logical_divide(layout<0, 2>(l), Layout<_2>{});  // (2, N/16)
+  return make_layout(make_layout(layout<0, 0>(l), layout<0, 1>(l), layout<0>(groups)), layout<1>(l),
+                     layout<1>(groups));
+}
+
+// acc (+)= A.B over the K mode as a batch of wgmmas of one warpgroup, committed as one group: the caller waits
+// for it with warpgroup_wait<N>() (N = groups it lets run on).
+template <bool kZeroInit, class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_gemm(Mma& mma, const TA& a, const TB& b, TC& c) {
+  // A from shared memory is a tensor of wgmma descriptors; from registers, the values themselves.
+  constexpr bool kARegs = !std::is_same_v<std::decay_t<decltype(a.data())>, GMMA::DescriptorIterator>;
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+// ------------------------------------------------------------------------------------------- the kernel
+// kScoreMods: softcap and/or ALiBi present (their own instantiation keeps the plain kernel's registers free).
+template <class Traits, bool kScoreMods>
+__global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> kp) {
+  using Element = typename Traits::Element;
+  using Mech = typename Traits::Mech;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Traits::PipelineState;
+  constexpr int kWgRows = Traits::kWgRows, kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim, kWGs = Traits::kConsumerWGs, kWgThreads = Traits::kWgThreads;
+  constexpr int kConsumerThreads = Traits::kConsumerThreads;
+  constexpr int kProducerWarpThreads = 32;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+  const FwdParams& p = kp.p;
+
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const bool is_tma_thread = threadIdx.x == 0;
+
+  if (is_tma_thread) {
+    prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
+    ss.barrier_q.init(1);
+  }
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Traits::kTileBytesKV;
+  pipe_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = is_tma_thread;
+  pipe_params.num_consumers = kConsumerThreads;
+  Pipeline pipe_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipe_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
+  __syncthreads();  // every mbarrier is initialised before anyone waits on it
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
+  Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? ss.o.data() : ss.q.data()), typename Traits::SmemLayoutO{});
+
+  const TileScheduler sched{kp.num_m_blocks, p.heads_q, p.batch, p.has_window};
+  const bool varlen = p.cu_seqlens_q != nullptr;
+
+  if (warp_group == 0) {
+    // ------------------------------------------------------------------ producer
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (warp != 0) return;  // one warp issues the loads; the other three have nothing to do
+    PipelineState k_write = cutlass::make_producer_start_state<Pipeline>();
+    PipelineState v_write = cutlass::make_producer_start_state<Pipeline>();
+    bool first_tile = true;
+    for (int idx = blockIdx.x; idx < sched.count(); idx += gridDim.x) {
+      const TileScheduler::Tile t = sched.tile(idx);
+      const SeqInfo seq(p, t.batch);
+      const int m0 = t.m_block * kBlockM;
+      if (m0 >= seq.len_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
+      const WindowMask mask(p, seq);
+      const BlockRange range = mask.blocks(m0, min(kBlockM, seq.len_q - m0), kBlockN);
+      const int b = varlen ? 0 : t.batch;
+      const int kv_head = t.head / p.group;
+
+      Tensor mQ = domain_offset(make_coord(seq.q_start, _0{}), kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, t.head, b));
+      Tensor mK = domain_offset(make_coord(seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
+      Tensor mV = domain_offset(make_coord(seq.k_start, _0{}), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
+      Tensor gQ = local_tile(mQ, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, d, m/64)
+      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
+      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+      auto q_parts = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      Tensor tQg = get<0>(q_parts);
+      Tensor tQs = get<1>(q_parts);
+      auto k_parts = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      Tensor tKg = get<0>(k_parts);
+      Tensor tKs = get<1>(k_parts);
+      auto v_parts = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      Tensor tVg = get<0>(v_parts);
+      Tensor tVs = get<1>(v_parts);
+
+      auto load_k = [&](int n) {
+        pipe_k.producer_acquire(k_write);
+        if (is_tma_thread)
+          copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
+        ++k_write;
+      };
+      auto load_v = [&](int n) {
+        pipe_v.producer_acquire(v_write);
+        if (is_tma_thread)
+          copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
+        ++v_write;
+      };
+
+      // Key blocks from the last to the first (the one partial block is masked first). K of the first block
+      // only waits for a free stage, so it streams in while the previous tile's epilogue still runs.
+      if (range.hi > range.lo) load_k(range.hi - 1);
+      if (!first_tile)
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
+      first_tile = false;
+      if (is_tma_thread) {
+        ss.barrier_q.arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
+        CUTE_UNROLL
+        for (int w = 0; w < kWGs; ++w) copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), tQg(_, t.m_block * kWGs + w), tQs(_, w));
+      }
+      // Q.K^T of block n-1 is issued before P.V of block n (intra-warpgroup overlap): K(n-1) before V(n).
+      for (int n = range.hi - 1; n > range.lo; --n) {
+        load_k(n - 1);
+        load_v(n);
+      }
+      if (range.hi > range.lo) load_v(range.lo);
+    }
+    // Matches the consumers' release of the last tile's Q space (every arrive has its sync).
+    if (!first_tile) cutlass::arch::NamedBarrier::sync(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
+    return;
+  }
+
+  // -------------------------------------------------------------------- consumers
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+  const int wg = warp_group - 1;
+  const int tid = int(threadIdx.x) % kWgThreads;
+
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor sQw = sQ(_, _, wg);
+  Tensor sOw = sO(_, _, wg);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQw);  // (MMA, 1, d/16) descriptors
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, 1, d/16, stages)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, 1, N/16, stages)
+
+  Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kBlockN>>{}));
+  Tensor cS_rc = make_tensor(cS.data(), rows_cols(cS.layout()));
+  Tensor cO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+  Tensor cO_rc = make_tensor(cO.data(), rows_cols(cO.layout()));
+
+  // Ping-pong: warpgroup w issues its GEMMs after warpgroup w-1 did (cyclically); the last one lets the first
+  // start. Every wait has a matching arrive: the first warpgroup consumes the final one after its last tile.
+  auto scheduler_wait = [&] {
+    if constexpr (Mech::kPingpong) cutlass::arch::NamedBarrier::sync(2 * kWgThreads, Barrier::kSchedulerBase + wg);
+  };
+  auto scheduler_signal = [&] {
+    if constexpr (Mech::kPingpong)
+      cutlass::arch::NamedBarrier::arrive(2 * kWgThreads, Barrier::kSchedulerBase + (wg + 1) % kWGs);
+  };
+  if constexpr (Mech::kPingpong)
+    if (wg == kWGs - 1) cutlass::arch::NamedBarrier::arrive(2 * kWgThreads, Barrier::kSchedulerBase);
+
+  PipelineState k_read, v_read;
+  int q_phase = 0;
+
+  for (int idx = blockIdx.x; idx < sched.count(); idx += gridDim.x) {
+    const TileScheduler::Tile t = sched.tile(idx);
+    const SeqInfo seq(p, t.batch);
+    const int m0 = t.m_block * kBlockM;
+    if (m0 >= seq.len_q) continue;
+    const int m0_wg = m0 + wg * kWgRows;  // this warpgroup's first query row
+    const WindowMask mask(p, seq);
+    const BlockRange range = mask.blocks(m0, min(kBlockM, seq.len_q - m0), kBlockN);
+    const ScoreMods mods(p, seq, t.batch, t.head);
+
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kWgRows>, Int<kHeadDim>>{});
+    Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
+    clear(tOrO);
+    OnlineSoftmax<decltype(size<0>(o_rc))::value> softmax;
+
+    // Masks, score modifiers and exponentiation of one score tile; returns whether O needs the rescale.
+    auto softmax_step = [&](auto& tSrS, int n, auto is_first, float (&correction)[decltype(size<0>(o_rc))::value]) {
+      Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+      const int n0 = n * kBlockN;
+      if constexpr (kScoreMods) mods.apply(s, cS_rc, m0_wg, n0);
+      if (mask.block_needs_mask(m0_wg, kWgRows, n0, kBlockN)) apply_mask(mask, s, cS_rc, m0_wg, n0);
+      return softmax.template exponentiate<decltype(is_first)::value>(s, p.scale_log2, correction);
+    };
+
+    ss.barrier_q.wait(q_phase);
+    q_phase ^= 1;
+
+    if (range.hi > range.lo) {
+      float correction[decltype(size<0>(o_rc))::value];
+      Tensor rP = make_tensor<Element>(partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{}).layout());
+      Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
+      auto to_probs = [&](const auto& tSrS) {
+        Tensor converted = convert_fragment<Element>(tSrS);
+        CUTE_UNROLL
+        for (int i = 0; i < size(rP); ++i) rP(i) = converted(i);
+      };
+
+      if constexpr (Mech::kIntraWgOverlap) {
+        int n = range.hi - 1;
+        {
+          Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
+          pipe_k.consumer_wait(k_read);
+          scheduler_wait();
+          wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+          scheduler_signal();
+          warpgroup_wait<0>();
+          pipe_k.consumer_release(k_read);
+          ++k_read;
+          softmax_step(tSrS, n, cute::true_type{}, correction);
+          to_probs(tSrS);
+        }
+        for (--n; n >= range.lo; --n) {
+          Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
+          pipe_k.consumer_wait(k_read);
+          scheduler_wait();
+          wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+          pipe_v.consumer_wait(v_read);
+          wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+          scheduler_signal();
+          warpgroup_wait<1>();  // S(n) is ready; P(n+1).V(n+1) may still run
+          pipe_k.consumer_release(k_read);
+          ++k_read;
+          const bool rescale = softmax_step(tSrS, n, cute::false_type{}, correction);
+          warpgroup_wait<0>();
+          pipe_v.consumer_release(v_read);
+          ++v_read;
+          if (rescale) softmax.rescale(o_rc, correction);
+          to_probs(tSrS);
+        }
+        pipe_v.consumer_wait(v_read);
+        wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+        warpgroup_wait<0>();
+        pipe_v.consumer_release(v_read);
+        ++v_read;
+      } else {
+        for (int n = range.hi - 1; n >= range.lo; --n) {
+          Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
+          pipe_k.consumer_wait(k_read);
+          scheduler_wait();
+          wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+          scheduler_signal();
+          warpgroup_wait<0>();
+          pipe_k.consumer_release(k_read);
+          ++k_read;
+          const bool rescale = n == range.hi - 1 ? softmax_step(tSrS, n, cute::true_type{}, correction)
+                                                 : softmax_step(tSrS, n, cute::false_type{}, correction);
+          if (rescale) softmax.rescale(o_rc, correction);
+          to_probs(tSrS);
+          pipe_v.consumer_wait(v_read);
+          wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+          warpgroup_wait<0>();
+          pipe_v.consumer_release(v_read);
+          ++v_read;
+        }
+      }
+    }
+    // Q is no longer read: with a separate O tile, the producer may load the next tile's Q right away.
+    if constexpr (Traits::kSeparateO)
+      cutlass::arch::NamedBarrier::arrive(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
+
+    // ---------------------------------------------------------------- epilogue
+    float lse[decltype(size<0>(o_rc))::value];
+    softmax.finish(o_rc, p.logit_scale, lse);
+    Tensor out_frag = convert_fragment<Element>(tOrO);
+
+    // The previous tile's store has finished reading this warpgroup's O tile (its issuing thread waited).
+    cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
+    Tensor tOsO = thr_pv.partition_C(sOw);
+    CUTE_UNROLL
+    for (int i = 0; i < size(out_frag); ++i) tOsO(i) = out_frag(i);
+
+    if (p.lse != nullptr) {
+      const int64_t lse_base = varlen ? int64_t(seq.q_start) * p.lse_row : int64_t(t.batch) * p.lse_batch;
+      float* lse_ptr = p.lse + lse_base + int64_t(t.head) * p.lse_head;
+      CUTE_UNROLL
+      for (int r = 0; r < int(sizeof(lse) / sizeof(lse[0])); ++r) {
+        const int row = m0_wg + get<0>(cO_rc(r, 0));
+        // One writer per row: the quad's thread that holds column 0.
+        if (get<1>(cO_rc(r, 0)) == 0 && row < seq.len_q) lse_ptr[int64_t(row) * p.lse_row] = lse[r];
+      }
+    }
+    cutlass::arch::fence_view_async_shared();  // the generic-proxy smem writes become visible to the TMA store (async proxy)
+    cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
+
+    const int rows_here = seq.len_q - m0_wg;
+    if (!varlen) {
+      // The TMA box is clipped at the tensor's rows and head dim: partial tiles need no predicates.
+      if (tid == 0 && rows_here > 0) {
+        Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_o)(_, _, t.head, t.batch);
+        Tensor gO = local_tile(mO, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+        auto o_parts = tma_partition(kp.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOw), group_modes<0, 2>(gO));
+        Tensor tOg = get<0>(o_parts);
+        Tensor tOs = get<1>(o_parts);
+        copy(kp.tma_o, tOs, tOg(_, t.m_block * kWGs + wg));
+        tma_store_arrive();
+        tma_store_wait<0>();
+      }
+    } else {
+      // A box would write past the end of this sequence into the next one's rows: predicated vector stores.
+      Element* o_ptr = static_cast<Element*>(p.out) + int64_t(seq.q_start) * p.o_row + int64_t(t.head) * p.o_head;
+      Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.o_row, _1{}));
+      Tensor gO = local_tile(mO, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(t.m_block * kWGs + wg, 0));
+      typename Traits::GmemStoreO store;
+      auto sthr = store.get_thread_slice(tid);
+      Tensor tOs = sthr.partition_S(sOw);
+      Tensor tOg = sthr.partition_D(gO);
+      Tensor tOc = sthr.partition_D(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(tOg); ++m) {
+        if (get<0>(tOc(0, m, 0)) >= rows_here) continue;
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tOg); ++k)
+          if (get<1>(tOc(0, m, k)) < p.head_dim_v) copy(store, tOs(_, m, k), tOg(_, m, k));
+      }
+    }
+    if constexpr (!Traits::kSeparateO) {
+      // O lived in this warpgroup's Q rows: the next Q may be loaded once every warpgroup's stores have read it.
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::arrive(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
+    }
+  }
+  if constexpr (Mech::kPingpong)
+    if (wg == 0) cutlass::arch::NamedBarrier::sync(2 * kWgThreads, Barrier::kSchedulerBase);
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,98 @@
+// Host side of one compiled sm90 forward kernel: TMA descriptors from the parameters, grid, launch.
+#pragma once
+
+#include <algorithm>
+
+#include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/sm90/fwd_params.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+template <fa_dtype kDtype>
+struct ElementOf;
+template <>
+struct ElementOf<FA_FLOAT16> {
+  using type = cutlass::half_t;
+};
+template <>
+struct ElementOf<FA_BFLOAT16> {
+  using type = cutlass::bfloat16_t;
+};
+
+// TMA takes strides that are multiples of 16 bytes; a dimension of extent 1 is never stepped along, so any such
+// stride will do for it (the layouts may give 0 there).
+template <class Element>
+int64_t tma_stride(int64_t stride, int64_t extent) {
+  constexpr int64_t kMinStride = 16 / int64_t(sizeof(Element));
+  return extent <= 1 && stride == 0 ? kMinStride : stride;
+}
+
+template <class Traits, class Ptr>
+auto gmem_tensor(Ptr ptr, int64_t rows, int dim, int heads, int batch, int64_t row, int64_t head, int64_t batch_stride) {
+  using Element = typename Traits::Element;
+  return make_tensor(make_gmem_ptr(ptr),
+                     make_shape(int32_t(rows), int32_t(dim), int32_t(heads), int32_t(batch)),
+                     make_stride(tma_stride<Element>(row, rows), _1{}, tma_stride<Element>(head, heads),
+                                 tma_stride<Element>(batch_stride, batch)));
+}
+
+template <class Traits, bool kScoreMods>
+cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kBlockN = Traits::kBlockN;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int batch = varlen ? 1 : p.batch;  // varlen: one tensor of total rows; sequences are row offsets
+  const int heads_kv = p.heads_q / p.group;
+
+  KernelParams<Traits> kp;
+  kp.p = p;
+  auto mQ = gmem_tensor<Traits>(static_cast<const Element*>(p.q), p.tensor_rows_q, p.head_dim, p.heads_q, batch,
+                                p.q_row, p.q_head, p.q_batch);
+  auto mK = gmem_tensor<Traits>(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, heads_kv, batch,
+                                p.k_row, p.k_head, p.k_batch);
+  auto mV = gmem_tensor<Traits>(static_cast<const Element*>(p.v), p.tensor_rows_k, p.head_dim_v, heads_kv, batch,
+                                p.v_row, p.v_head, p.v_batch);
+  auto mO = gmem_tensor<Traits>(static_cast<Element*>(p.out), p.tensor_rows_q, p.head_dim_v, p.heads_q, batch,
+                                p.o_row, p.o_head, p.o_batch);
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Traits::SmemLayoutQ{}),
+                           Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Traits::SmemLayoutK{}),
+                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Traits::SmemLayoutV{}),
+                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, take<0, 2>(typename Traits::SmemLayoutO{}),
+                           Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{});
+  kp.shape_q = mQ.shape();
+  kp.shape_k = mK.shape();
+  kp.shape_v = mV.shape();
+  kp.shape_o = mO.shape();
+  kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+
+  auto kernel = &fwd_kernel<Traits, kScoreMods>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  const int64_t tiles = int64_t(kp.num_m_blocks) * p.heads_q * p.batch;
+  int grid = int(tiles);
+  if constexpr (Traits::Mech::kPersistent) {
+    int device = 0, sms = 0;
+    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
+    grid = int(std::min<int64_t>(tiles, sms));  // one CTA per SM (the kernel takes most of its shared memory)
+  }
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  return launch_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, Mech>, kScoreMods>(p, stream);
+}
+
+template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
+cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
+  return cudaFuncGetAttributes(attributes,
+                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, Mech>, kScoreMods>);
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,36 @@
+// Named switches of the sm90 forward kernel's mechanisms (plain C++: the host dispatcher names them too).
+#pragma once
+
+#include <type_traits>
+
+namespace flashattn::cuda::sm90 {
+
+// Named switches of the kernel's mechanisms. The default kernel has every one on; the ablation build
+// (FLASHATTN_SM90_ABLATIONS) instantiates the kernel with one of them off to measure what it is worth.
+struct NoPingpong {};        // consumer warpgroups issue their GEMMs unordered
+struct NoIntraWgOverlap {};  // softmax waits for the block's GEMMs (S, then P.V) to finish
+struct NotPersistent {};     // one CTA per tile instead of one per SM walking the tiles
+template <int N>
+struct KvStages {};  // K/V pipeline depth instead of the tile table's
+template <int N>
+struct KvBlock {};   // keys per main-loop step instead of the tile table's
+
+template <class T>
+struct StagesOf : std::integral_constant<int, 0> {};
+template <int N>
+struct StagesOf<KvStages<N>> : std::integral_constant<int, N> {};
+template <class T>
+struct BlockOf : std::integral_constant<int, 0> {};
+template <int N>
+struct BlockOf<KvBlock<N>> : std::integral_constant<int, N> {};
+
+template <class... Options>
+struct Mechanisms {
+  static constexpr bool kPingpong = !(false || ... || std::is_same_v<Options, NoPingpong>);
+  static constexpr bool kIntraWgOverlap = !(false || ... || std::is_same_v<Options, NoIntraWgOverlap>);
+  static constexpr bool kPersistent = !(false || ... || std::is_same_v<Options, NotPersistent>);
+  static constexpr int kStages = (0 + ... + StagesOf<Options>::value);  // 0: the tile table's depth
+  static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
+};
+
+}  // namespace flashattn::cuda::sm90
