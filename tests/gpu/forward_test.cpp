@@ -439,7 +439,7 @@ TEST(Sm80Validation, Sm90TileShapeReported) {
     GTEST_SKIP() << fa_last_error();
   int bq = 0, bk = 0;
   fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
-  constexpr flashattn::cuda::sm90::FwdTiles kD64 = flashattn::cuda::sm90::fwd_tiles(64);
+  constexpr flashattn::cuda::sm90::FwdTiles kD64 = flashattn::cuda::sm90::fwd_tiles(64, false);
   EXPECT_EQ(bq, kD64.block_q());
   EXPECT_EQ(bk, kD64.block_k);
 }

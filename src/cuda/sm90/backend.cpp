@@ -139,7 +139,7 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) { return s
 detail::TileShape tile_shape(const detail::Problem& p) {
   const FwdKernel* kernel = pick_kernel(p);
   if (kernel == nullptr) return sm80::backend().tile_shape(p);
-  const FwdTiles t = fwd_tiles(kernel->head_dim);
+  const FwdTiles t = fwd_tiles(kernel->head_dim, p.has_window());
   return {t.block_q(), t.block_k};
 }
 

@@ -44,11 +44,12 @@ constexpr auto smem_atom_k_major() {
   else return GMMA::Layout_K_SW32_Atom<Element>{};
 }
 
-template <class Element_, int kHeadDim_, class Mech_ = Mechanisms<>>
+template <class Element_, int kHeadDim_, bool kWindowed_, class Mech_ = Mechanisms<>>
 struct FwdTraits {
   using Element = Element_;
   using Mech = Mech_;
-  static constexpr FwdTiles kTiles = fwd_tiles(kHeadDim_);
+  static constexpr bool kWindowed = kWindowed_;  // causal/window problems (tile choice; the mask is run time)
+  static constexpr FwdTiles kTiles = fwd_tiles(kHeadDim_, kWindowed_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWgRows = kWarpgroupRows;
   static constexpr int kConsumerWGs = kTiles.consumer_warpgroups;
@@ -108,6 +109,7 @@ struct FwdTraits {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
     cutlass::arch::ClusterTransactionBarrier barrier_q;
+    int tile_idx;  // the tile whose Q load barrier_q announces (count(): no more tiles)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile table entry does not fit shared memory");
@@ -142,26 +144,37 @@ struct KernelParams {
   typename Traits::TmaO tma_o;
   typename Traits::GmemShape shape_q, shape_k, shape_v, shape_o;
   int num_m_blocks = 0;
+  int section_heads = 1;        // TileScheduler
+  int* tile_counter = nullptr;  // dynamic scheduling (zeroed before the launch); null: static
 };
 
 // ------------------------------------------------------------------------------------------- tile scheduler
-// Tiles are numbered 0..count-1 and CTA c takes c, c + gridDim.x, ... (one tile per CTA when not persistent).
-// Without a window, the query blocks of one (head, batch) are consecutive so that CTAs running together share
-// its K/V in L2; under causal/window the longest query blocks (the last ones) come first, so that the short ones
-// fill the tail of the schedule.
+// Tiles are numbered 0..count-1. CTA c starts with tile c; without a window it then takes c + gridDim.x, ...
+// (static: every tile costs the same), and the query blocks of one (head, batch) are consecutive so that CTAs
+// running together share its K/V in L2. Under causal/window the longest query blocks (the last ones) go first
+// and a CTA asks a global counter for its next tile when it finishes one (dynamic: tile lengths differ, and a
+// static round-robin left whole waves waiting on one long tile: d128 causal 16k ran at 532 TFLOP/s persistent-
+// static against 588 with one CTA per tile). To keep the K/V of CTAs running together in L2, the longest-first
+// order is taken within sections of `section_heads` consecutive (batch, head) pairs whose K/V fit in about half
+// of L2 (without sections, causal d128 at 2k reached 0.83x of cuDNN, every CTA of a wave on another head).
 struct TileScheduler {
   struct Tile {
     int m_block, head, batch;
   };
   int num_m_blocks, heads, batch;
   bool longest_first;
+  int section_heads;
   __device__ int count() const { return num_m_blocks * heads * batch; }
   __device__ Tile tile(int idx) const {
     int m, hb;
     if (longest_first) {
       const int hb_count = heads * batch;
-      m = num_m_blocks - 1 - idx / hb_count;
-      hb = idx % hb_count;
+      const int section = idx / (section_heads * num_m_blocks);
+      const int first_hb = section * section_heads;
+      const int section_hb = min(section_heads, hb_count - first_hb);
+      const int r = idx - first_hb * num_m_blocks;
+      m = num_m_blocks - 1 - r / section_hb;
+      hb = first_hb + r % section_hb;
     } else {
       m = idx % num_m_blocks;
       hb = idx / num_m_blocks;
@@ -258,7 +271,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
   Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? ss.o.data() : ss.q.data()), typename Traits::SmemLayoutO{});
 
-  const TileScheduler sched{kp.num_m_blocks, p.heads_q, p.batch, p.has_window};
+  const TileScheduler sched{kp.num_m_blocks, p.heads_q, p.batch, p.has_window, kp.section_heads};
   const bool varlen = p.cu_seqlens_q != nullptr;
 
   if (warp_group == 0) {
@@ -268,7 +281,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     PipelineState k_write = cutlass::make_producer_start_state<Pipeline>();
     PipelineState v_write = cutlass::make_producer_start_state<Pipeline>();
     bool first_tile = true;
-    for (int idx = blockIdx.x; idx < sched.count(); idx += gridDim.x) {
+    auto next_tile = [&](int current) {
+      if (kp.tile_counter == nullptr) return current + int(gridDim.x);
+      int next = 0;
+      if (is_tma_thread) next = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);  // the first wave is blockIdx
+      return __shfl_sync(0xffffffffu, next, 0);
+    };
+    for (int idx = blockIdx.x; idx < sched.count(); idx = next_tile(idx)) {
       const TileScheduler::Tile t = sched.tile(idx);
       const SeqInfo seq(p, t.batch);
       const int m0 = t.m_block * kBlockM;
@@ -314,6 +333,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         cutlass::arch::NamedBarrier::sync(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
       first_tile = false;
       if (is_tma_thread) {
+        ss.tile_idx = idx;  // published to the consumers by the barrier's completion
         ss.barrier_q.arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
         CUTE_UNROLL
         for (int w = 0; w < kWGs; ++w) copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), tQg(_, t.m_block * kWGs + w), tQs(_, w));
@@ -325,8 +345,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       }
       if (range.hi > range.lo) load_v(range.lo);
     }
-    // Matches the consumers' release of the last tile's Q space (every arrive has its sync).
+    // Matches the consumers' release of the last tile's Q space (every arrive has its sync), then tells them
+    // there is no further tile.
     if (!first_tile) cutlass::arch::NamedBarrier::sync(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
+    if (is_tma_thread) {
+      ss.tile_idx = sched.count();
+      ss.barrier_q.arrive();
+    }
     return;
   }
 
@@ -365,11 +390,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   PipelineState k_read, v_read;
   int q_phase = 0;
 
-  for (int idx = blockIdx.x; idx < sched.count(); idx += gridDim.x) {
+  // The producer publishes each tile it loads (skipping empty varlen tiles) with its Q load, and a final
+  // past-the-end index.
+  for (;;) {
+    ss.barrier_q.wait(q_phase);
+    q_phase ^= 1;
+    const int idx = ss.tile_idx;
+    if (idx >= sched.count()) break;
     const TileScheduler::Tile t = sched.tile(idx);
     const SeqInfo seq(p, t.batch);
     const int m0 = t.m_block * kBlockM;
-    if (m0 >= seq.len_q) continue;
     const int m0_wg = m0 + wg * kWgRows;  // this warpgroup's first query row
     const WindowMask mask(p, seq);
     const BlockRange range = mask.blocks(m0, min(kBlockM, seq.len_q - m0), kBlockN);
@@ -388,9 +418,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       if (mask.block_needs_mask(m0_wg, kWgRows, n0, kBlockN)) apply_mask(mask, s, cS_rc, m0_wg, n0);
       return softmax.template exponentiate<decltype(is_first)::value>(s, p.scale_log2, correction);
     };
-
-    ss.barrier_q.wait(q_phase);
-    q_phase ^= 1;
 
     if (range.hi > range.lo) {
       float correction[decltype(size<0>(o_rc))::value];
@@ -472,9 +499,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
     // The previous tile's store has finished reading this warpgroup's O tile (its issuing thread waited).
     cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
-    Tensor tOsO = thr_pv.partition_C(sOw);
-    CUTE_UNROLL
-    for (int i = 0; i < size(out_frag); ++i) tOsO(i) = out_frag(i);
+    // stmatrix: each warp writes 8x8 sub-tiles of its accumulator rows, 16 bytes per lane per matrix, instead of
+    // one 2-byte store per value.
+    auto smem_store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+    auto smem_store_thr = smem_store_o.get_thread_slice(tid);
+    copy(smem_store_o, smem_store_thr.retile_S(out_frag), smem_store_thr.partition_D(sOw));
 
     if (p.lse != nullptr) {
       const int64_t lse_base = varlen ? int64_t(seq.q_start) * p.lse_row : int64_t(t.batch) * p.lse_batch;

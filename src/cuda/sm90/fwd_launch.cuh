@@ -68,31 +68,59 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
   kp.shape_o = mO.shape();
   kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
 
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  int l2_bytes = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device); e != cudaSuccess) return e;
+  // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
+  const int64_t kv_bytes = int64_t(std::max(p.seqlen_k, 1)) * (p.head_dim + p.head_dim_v) * int64_t(sizeof(Element));
+  kp.section_heads = int(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, int64_t(p.heads_q) * p.batch));
+
   auto kernel = &fwd_kernel<Traits, kScoreMods>;
+  const bool dynamic = Traits::Mech::kPersistent && p.has_window;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
       e != cudaSuccess)
     return e;
   const int64_t tiles = int64_t(kp.num_m_blocks) * p.heads_q * p.batch;
   int grid = int(tiles);
   if constexpr (Traits::Mech::kPersistent) {
-    int device = 0, sms = 0;
-    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    int sms = 0;
     if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
     grid = int(std::min<int64_t>(tiles, sms));  // one CTA per SM (the kernel takes most of its shared memory)
+  }
+  if (dynamic) {
+    // The tile counter lives for one launch, stream-ordered (also inside CUDA graph capture).
+    void* counter = nullptr;
+    if (cudaError_t e = cudaMallocAsync(&counter, sizeof(int), stream); e != cudaSuccess) return e;
+    kp.tile_counter = static_cast<int*>(counter);
+    cudaError_t e = cudaMemsetAsync(counter, 0, sizeof(int), stream);
+    if (e == cudaSuccess) {
+      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
+      e = cudaGetLastError();
+    }
+    const cudaError_t freed = cudaFreeAsync(counter, stream);
+    return e != cudaSuccess ? e : freed;
   }
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
   return cudaGetLastError();
 }
 
+// Causal/window problems may get other tiles than the rest (tiles.hpp): a second kernel only where they differ.
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  return launch_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, Mech>, kScoreMods>(p, stream);
+  using Element = typename ElementOf<kDtype>::type;
+  if constexpr (fwd_tiles(kHeadDim, true).block_k != fwd_tiles(kHeadDim, false).block_k ||
+                fwd_tiles(kHeadDim, true).consumer_warpgroups != fwd_tiles(kHeadDim, false).consumer_warpgroups ||
+                fwd_tiles(kHeadDim, true).stages != fwd_tiles(kHeadDim, false).stages) {
+    if (!p.has_window) return launch_kernel<FwdTraits<Element, kHeadDim, false, Mech>, kScoreMods>(p, stream);
+  }
+  return launch_kernel<FwdTraits<Element, kHeadDim, true, Mech>, kScoreMods>(p, stream);
 }
 
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
   return cudaFuncGetAttributes(attributes,
-                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, Mech>, kScoreMods>);
+                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, true, Mech>, kScoreMods>);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -14,18 +14,21 @@ struct FwdTiles {
   constexpr int block_q() const { return kWarpgroupRows * consumer_warpgroups; }
 };
 
-// `head_dim` is the compiled head dim. Registers decide: a consumer thread holds 64 * head_dim / 128 fp32
-// output accumulators, 64 * block_k / 128 scores and, with the softmax of one block overlapped with the next
-// block's Q.K^T, a second score tile plus the bf16 probabilities of the first. With two consumer warpgroups a
-// thread may keep 240 registers (setmaxnreg), with three 160:
-//   d64:  3 warpgroups x 128 keys: 32 O + 2 x 64 S + 32 P = 192 live values... of which one S tile is dead by
-//         the time P exists, so ~128 + addressing fits 160;
-//   d128: 2 x 128 keys:  64 O + 2 x 64 S + 32 P;
-//   d256: 2 x 80 keys:  128 O + 2 x 40 S + 20 P (80 keys: the largest multiple of 16 whose two K/V stages fit
-//         227 KiB of shared memory next to the 64 KiB Q tile: 64 + 2 * 2 * 80 * 256 * 2 B = 224 KiB).
-constexpr FwdTiles fwd_tiles(int head_dim) {
+// `head_dim` is the compiled head dim; `windowed`: causal or sliding window. Registers decide first: a consumer
+// thread holds 64 * head_dim / 128 fp32 output accumulators, 64 * block_k / 128 scores and, with the softmax of
+// one block overlapped with the next block's Q.K^T, a second score tile plus the bf16 probabilities of the
+// first. With two consumer warpgroups a thread may keep 240 registers (setmaxnreg), with three 160 (ptxas: no
+// spills for any entry below). Then the H200 measurements (bench/results/2026-11-30_sm90_dev):
+//   d64:  3 warpgroups (192 query rows) x 128 keys: 32 O + 2 x 64 S + 32 P per thread;
+//   d128: 2 x 176 keys without a window (+2-3% over 128 keys at 8k-16k: fewer softmax rounds per key; its
+//         K/V stages leave no room for a separate O tile, so O is staged in Q's space), 2 x 128 keys under
+//         causal/window (176 keys was 8% slower there at 2k: more masked work on the diagonal);
+//   d256: 2 x 80 keys: 128 O + 2 x 40 S + 20 P; 80 is the largest multiple of 16 whose two K/V stages fit
+//         next to the 64 KiB Q tile (64 + 2 * 2 * 80 * 256 * 2 B = 224 KiB of 227 KiB).
+// Two stages everywhere: one stage was 1-3% slower at d128, three no faster (the ablation table).
+constexpr FwdTiles fwd_tiles(int head_dim, bool windowed) {
   if (head_dim <= 64) return {3, 128, 2};
-  if (head_dim <= 128) return {2, 128, 2};
+  if (head_dim <= 128) return {2, windowed ? 128 : 176, 2};
   return {2, 80, 2};
 }
 
