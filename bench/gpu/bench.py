@@ -6,10 +6,20 @@ batch*seqlen = 16k tokens, model dim 2048 (heads = 2048 / head dim), (B, S, H, D
 torch.autograd.grad of the forward's output), FLOPs 4*B*H*S*S*D (/2 causal), bwd 2.5x. Both bf16 and fp16.
 Plus: the bf16 matmul and copy ceilings, and the peak extra memory of one long shape.
 
-  python3 bench.py --csv results.csv [--quick]
+Ours twice per forward shape: 'ours' is flash_attn_func (backend AUTO: cuda-sm90 on Hopper; the note
+names the backend), 'ours_sm80' is flashattn.ops.forward(..., backend="cuda-sm80") into caller-owned out/lse
+(the FA2-style forward, for its ratio to FA2 in the same run).
+
+--ablations (only for a build with the sm90 ablation variants): after the main table, the sm90 bf16 d128
+forward at seqlen 2048/8192/16384, causal and not (same protocol), once per variant of
+FLASHATTN_SM90_MECHANISMS (read by the library at every forward call, so it is set between timings), with
+cuDNN at the same shapes for reference. Rows kind=ablation, backend=variant ('default' = the variable unset).
+A build without the variants ignores the variable: every variant then times the default kernel.
+
+  python3 bench.py --csv results.csv [--quick] [--ablations] [--deadline EPOCH_S]
 Rows: kind,backend,dtype,hdim,causal,seqlen,batch,heads,ms,tflops,note  (ceilings: tflops is TFLOP/s or TB/s;
 memory: ms is empty, tflops holds MiB). Every timed shape of ours is also checked against FA2's output
-(note 'maxdiff=...') so that a fast wrong kernel cannot hide in the table.
+(note 'maxdiff_vs_fa2=...'; ablation rows against cuDNN's) so that a fast wrong kernel cannot hide in the table.
 """
 from __future__ import annotations
 
@@ -32,6 +42,11 @@ DEV = "cuda"
 TOKENS = 16384
 MODEL_DIM = 2048
 PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash2": SDPBackend.FLASH_ATTENTION}
+MECHANISMS_ENV = "FLASHATTN_SM90_MECHANISMS"
+ABLATION_VARIANTS = ("default", "no_pingpong", "no_overlap", "not_persistent", "stages1", "stages3", "block_k176",
+                     "no_pingpong_no_overlap")
+ABLATION_SEQLENS = (2048, 8192, 16384)
+ABLATION_HDIM = 128
 FIELDS = ["kind", "backend", "dtype", "hdim", "causal", "seqlen", "batch", "heads", "ms", "tflops", "note"]
 
 
@@ -103,6 +118,32 @@ def ours_fns(fa, q, k, v, causal):
     return fwd, (lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)), ""
 
 
+def stream_of(t) -> int:
+    return torch.cuda.current_stream().cuda_stream if t.is_cuda else 0
+
+
+def ops_fwd(fa, q, k, v, causal, backend):
+    """flashattn.ops.forward on one backend into out/lse buffers allocated once (AttributeError when the
+    package has no ops.forward)."""
+    ops = fa.ops
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)  # (B, H, S)
+    return lambda: ops.forward(q, k, v, out=out, lse=lse, causal=causal, backend=backend,
+                               stream=stream_of(q))[0]
+
+
+def backend_note(fa, q, backend="auto") -> str:
+    """'backend=cuda-sm90': what a call with q runs ('' when the package cannot say)."""
+    try:
+        return f"backend={fa.ops.backend_name(q, backend)}"
+    except Exception:
+        return ""
+
+
+def join(*notes) -> str:
+    return " ".join(n for n in notes if n)
+
+
 def peer_fns(be, q, k, v, causal):
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
 
@@ -138,8 +179,8 @@ def shapes(quick: bool):
 
 def attention_rows(b: Bench, ours, quick: bool, deadline: float) -> bool:
     """Times every shape; returns False when it stopped at the deadline (the rest are reported as skipped)."""
-    # One shape costs about 5 timings of (warm-up + repeats) plus setup; stop when the next might not fit.
-    per_shape_s = 5 * (b.warmup + b.rep) / 1000 * 2
+    # One shape costs about 6 timings of (warm-up + repeats) plus setup; stop when the next might not fit.
+    per_shape_s = 6 * (b.warmup + b.rep) / 1000 * 2
     for dt, hdim, causal, seqlen in shapes(quick):
         if time.time() + per_shape_s > deadline:
             print(f"# out of time: stopped before {dt} d{hdim} causal={int(causal)} seqlen={seqlen}", flush=True)
@@ -164,24 +205,100 @@ def attention_rows(b: Bench, ours, quick: bool, deadline: float) -> bool:
             if name == "flash2" and out is not None:
                 fa2_out = out.transpose(1, 2).float()
             b.measure("bwd", name, bwd, 2.5 * flops, base)
-            torch.cuda.empty_cache()
+            empty_cache()
         if not ours.ok:
-            b.row(kind="fwd", backend="ours", ms="NA", note="not available", **base)
+            for name in ("ours", "ours_sm80"):
+                b.row(kind="fwd", backend=name, ms="NA", note="not available", **base)
             continue
-        try:
-            fwd, bwd, why = ours_fns(ours.module, q, k, v, causal)
-        except Exception as e:
-            for kind in ("fwd", "bwd"):
-                b.row(kind=kind, backend="ours", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
-            continue
-        b.measure("fwd", "ours", fwd, flops, base, lambda out, ref=fa2_out: agreement(out, ref))
+        ours_rows(b, ours.module, q, k, v, causal, flops, base, fa2_out)
+        del q, k, v, fa2_out
+        empty_cache()
+    return True
+
+
+def ours_rows(b: Bench, fa, q, k, v, causal, flops, base, fa2_out):
+    """fwd and bwd of ours (AUTO), then the cuda-sm80 forward; a failure stays in its own row."""
+    try:
+        fwd, bwd, why = ours_fns(fa, q, k, v, causal)
+    except Exception as e:
+        for kind in ("fwd", "bwd"):
+            b.row(kind=kind, backend="ours", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+    else:
+        auto = backend_note(fa, q)
+        b.measure("fwd", "ours", fwd, flops, base, lambda out, ref=fa2_out: join(agreement(out, ref), auto))
         if bwd is not None:
             b.measure("bwd", "ours", bwd, 2.5 * flops, base)
         else:
             b.row(kind="bwd", backend="ours", ms="NA", note=why, **base)
-        del q, k, v, fa2_out
+        del fwd, bwd
+    try:
+        sm80 = ops_fwd(fa, q, k, v, causal, "cuda-sm80")
+    except Exception as e:  # no flashattn.ops in this package
+        b.row(kind="fwd", backend="ours_sm80", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+        return
+    b.measure("fwd", "ours_sm80", sm80, flops, base, lambda out, ref=fa2_out: agreement(out, ref))
+
+
+def empty_cache():
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return True
+
+
+def ablation_rows(b: Bench, ours, deadline: float):
+    """The sm90 bf16 d128 forward once per FLASHATTN_SM90_MECHANISMS variant, cuDNN beside it."""
+    per_timing_s = (b.warmup + b.rep) / 1000 * 2
+    saved = os.environ.get(MECHANISMS_ENV)
+    try:
+        for causal in (False, True):
+            for seqlen in ABLATION_SEQLENS:
+                heads, batch = MODEL_DIM // ABLATION_HDIM, TOKENS // seqlen
+                base = dict(dtype="bf16", hdim=ABLATION_HDIM, causal=int(causal), seqlen=seqlen, batch=batch,
+                            heads=heads)
+                if time.time() + per_timing_s > deadline:
+                    print(f"# out of time: ablations stopped before causal={int(causal)} seqlen={seqlen}", flush=True)
+                    b.row(kind="ablation", backend="default", ms="NA",
+                          note="not measured: the run's time budget ran out", **base)
+                    return
+                q = torch.randn(batch, seqlen, heads, ABLATION_HDIM, device=DEV, dtype=torch.bfloat16)
+                k, v = torch.randn_like(q), torch.randn_like(q)
+                flops = common.attn_flops(batch, heads, seqlen, seqlen, ABLATION_HDIM, causal, "fwd")
+                ref = None
+                try:
+                    cudnn = peer_fns(PEERS["cudnn"], q, k, v, causal)[0]
+                    out = b.measure("ablation", "cudnn", cudnn, flops, base)
+                    ref = out.transpose(1, 2).float() if out is not None else None
+                except Exception as e:
+                    b.row(kind="ablation", backend="cudnn", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}",
+                          **base)
+                for variant in ABLATION_VARIANTS:
+                    if time.time() + per_timing_s > deadline:
+                        b.row(kind="ablation", backend=variant, ms="NA",
+                              note="not measured: the run's time budget ran out", **base)
+                        continue
+                    os.environ[MECHANISMS_ENV] = "" if variant == "default" else variant
+                    if not ours.ok:
+                        b.row(kind="ablation", backend=variant, ms="NA", note="not available", **base)
+                        continue
+                    try:
+                        fwd = ops_fwd(ours.module, q, k, v, causal, "cuda-sm90")
+                    except Exception as e:
+                        b.row(kind="ablation", backend=variant, ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}",
+                              **base)
+                        continue
+                    b.measure("ablation", variant, fwd, flops, base,
+                              lambda out, ref=ref: agreement(out, ref).replace("_vs_fa2", "_vs_cudnn"))
+                del q, k, v, ref
+                empty_cache()
+    finally:
+        if saved is None:
+            os.environ.pop(MECHANISMS_ENV, None)
+        else:
+            os.environ[MECHANISMS_ENV] = saved
+
+
+def ablation_reserve_s(b: Bench) -> float:
+    """Seconds the ablation rows take: (1 cuDNN + the variants) timings per shape, plus setup."""
+    return len(ABLATION_SEQLENS) * 2 * (1 + len(ABLATION_VARIANTS)) * (b.warmup + b.rep) / 1000 * 1.5 + 10
 
 
 def memory_rows(b: Bench, ours):
@@ -225,18 +342,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ablations", action="store_true",
+                    help=f"also time the sm90 forward per {MECHANISMS_ENV} variant (an ablation build only)")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: stop adding shapes")
     a = ap.parse_args()
     info = common.env_info()
     print("# " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
     ours = common.load_ours(DEV)
     print("# " + common.describe_ours(ours), flush=True)
+    if os.environ.get(MECHANISMS_ENV):
+        print(f"# {MECHANISMS_ENV}={os.environ[MECHANISMS_ENV]} is set: the main table's sm90 forward is that variant",
+              flush=True)
     # --quick halves the repeats (its numbers are for smoke, not the record).
     b = Bench(a.csv, warmup_ms=25 if a.quick else 50, rep_ms=100 if a.quick else 200)
     t0 = time.time()
     ceilings(b)
-    if attention_rows(b, ours, a.quick, a.deadline):
+    # The main table leaves the ablations their time, so that an ablation run always gets its table.
+    main_deadline = a.deadline - (ablation_reserve_s(b) if a.ablations else 0)
+    if attention_rows(b, ours, a.quick, main_deadline):
         memory_rows(b, ours)
+    if a.ablations:
+        ablation_rows(b, ours, a.deadline)
     print(f"# bench done in {time.time() - t0:.0f} s", flush=True)
 
 

@@ -11,8 +11,9 @@ them), and the same case runs again through flashattn.ops into NaN-filled buffer
 The harness proves itself on every run: torch SDPA's FLASH backend is put through the same rule on the
 shapes it supports (must pass), and mutated copies of a correct answer (one NaN, one wrong row) must fail.
 
-  python3 check.py [--quick] [--tiny] [--json FILE] [--cases REGEX] [--seed N]
+  python3 check.py [--quick] [--tiny] [--json FILE] [--cases REGEX] [--seed N] [--list]
     --tiny: two small cases of ours only (the compute-sanitizer subset).
+    --list: print the labels of the cases the other options select (one a line) and exit.
     FLASHATTN_CHECK_DEVICE=cpu: the same cases on the CPU backend (no GPU needed).
 Exit status: 0 when nothing failed (skips and unsupported cases do not fail), 1 otherwise.
 """
@@ -452,6 +453,8 @@ def kernel_filter(ours) -> str:
     compute-sanitizer's --kernel-name filter; "" when our kernels do not all carry it (run unfiltered)."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
+    if not ON_GPU:
+        return ""  # no CUDA kernels to name (FLASHATTN_CHECK_DEVICE=cpu: the harness's CPU self-test)
     q = torch.randn(1, 64, 2, 64, device=DEV, dtype=torch.bfloat16)
     qg, kg, vg = (torch.randn_like(q).requires_grad_() for _ in range(3))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -469,6 +472,12 @@ def kernel_filter(ours) -> str:
     return "flashattn" if names and all("flashattn" in n for n in names) else ""
 
 
+def select_cases(a) -> list:
+    """The cases --tiny / --quick / --cases select, in order."""
+    cases = TINY if a.tiny else [c for c in build_cases() if c.quick or not a.quick]
+    return [c for c in cases if re.search(a.cases, c.label())]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -478,7 +487,12 @@ def main():
                     help="print the compute-sanitizer --kernel-name substring for our kernels and exit")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--cases", default="", help="only cases whose label matches this regular expression")
+    ap.add_argument("--list", action="store_true", help="print the selected cases' labels and exit")
     a = ap.parse_args()
+    if a.list:
+        for c in select_cases(a):
+            print(c.label())
+        return 0
     # torch explains at length why each SDPA backend it was not asked for is unused; keep the log readable.
     warnings.filterwarnings("ignore", category=UserWarning)
     log = sys.stdout
@@ -498,9 +512,7 @@ def main():
     if not a.tiny:
         self_test(gen, tally)
     if ours.ok:
-        cases = TINY if a.tiny else [c for c in build_cases() if c.quick or not a.quick]
-        cases = [c for c in cases if re.search(a.cases, c.label())]
-        for case in cases:
+        for case in select_cases(a):
             try:
                 check_case(ours, case, gen, tally, a.quick)
             except Exception as e:

@@ -1,5 +1,6 @@
-"""Writes results.md (side-by-side table, correctness, sanitizer, environment) and plots.png (TFLOP/s vs
-seqlen, one panel per direction x mask x head dim) from what run.sh collected.
+"""Writes results.md (side-by-side forward and backward tables, the sm90 ablation table when the run has one,
+correctness, sanitizer, environment) and plots.png (TFLOP/s vs seqlen, one panel per direction x mask x head
+dim) from what run.sh collected. Reads CSVs of older runs too (no ours_sm80 column, no ablation rows).
 
   python3 report.py --out OUTDIR --work WORKDIR
 Reads OUTDIR/results.csv and, when present, WORKDIR/{env,check,ctest,sanitizer,build}.json.
@@ -9,11 +10,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 from collections import defaultdict
 
-BACKENDS = ("ours", "cudnn", "flash2")
-LABEL = {"ours": "ours", "cudnn": "cuDNN", "flash2": "FA2"}
+BACKENDS = ("ours", "ours_sm80", "cudnn", "flash2")
+LABEL = {"ours": "ours", "ours_sm80": "ours sm80", "cudnn": "cuDNN", "flash2": "FA2"}
 
 
 def load_json(path):
@@ -51,6 +53,16 @@ def attention_table(rows):
 
 def ratio(a, b):
     return f"{a / b:.2f}" if a is not None and b else "–"
+
+
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def tflops(cell):
+    """{backend: TFLOP/s or None} of one table cell."""
+    return {b: num(cell[b]["tflops"]) if b in cell else None for b in BACKENDS}
 
 
 def fmt(r):
@@ -91,6 +103,18 @@ def markdown(out_dir, work, rows):
             L.append(f"- {item['tool']} on {item['target']}: {item['result']}")
         if san.get("note") or not san.get("runs"):
             L.append(f"- {san.get('note') or 'nothing ran'}")
+        if san.get("localised"):
+            L.append("- check.py --tiny was not clean; each tiny case rerun alone (check.py --tiny --cases):")
+            for item in san["localised"]:
+                L.append(f"  - {item['tool']}, `{item['case']}`: {item['result']}")
+            for tool in dict.fromkeys(i["tool"] for i in san["localised"]):
+                if all(i["clean"] is True for i in san["localised"] if i["tool"] == tool):
+                    L.append(f"  - {tool}: every case is clean alone: the failure needs the cases in one process "
+                             "(or is intermittent)")
+            for item in san["localised"]:
+                if item.get("tail"):
+                    L += ["", f"{item['tool']}, `{item['case']}` alone, end of its log:", "", "```",
+                          item["tail"], "```"]
     else:
         L.append("- did not run (see sanitizer.log)")
 
@@ -98,17 +122,42 @@ def markdown(out_dir, work, rows):
     L.append("16k tokens per batch, model dim 2048 (heads = 2048/d), (B,S,H,D) storage; triton do_bench median; "
              "FLOPs 4·B·H·S²·D (/2 causal), bwd ×2.5. cuDNN and FA2 are torch SDPA backends in the same process.")
     L.append("")
-    L.append(f"| dir | dtype | d | causal | seqlen | B×H | {ours_col} | cuDNN | FA2 | ours/cuDNN | ours/FA2 | note |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     table = attention_table(rows)
-    for key in sorted(table, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3], k[4])):
-        kind, dt, d, causal, s, batch, heads = key
-        cell = table[key]
-        t = {b: num(cell[b]["tflops"]) if b in cell else None for b in BACKENDS}
-        note = (cell.get("ours") or {}).get("note", "")
-        L.append(f"| {kind} | {dt} | {d} | {'yes' if causal else 'no'} | {s} | {batch}×{heads} | "
-                 f"{fmt(cell.get('ours'))} | {fmt(cell.get('cudnn'))} | {fmt(cell.get('flash2'))} | "
-                 f"{ratio(t['ours'], t['cudnn'])} | {ratio(t['ours'], t['flash2'])} | {note} |")
+    # The cuda-sm80 forward (ours_sm80) gets its own column where the run measured it (not in older CSVs).
+    sm80 = any("ours_sm80" in cell for cell in table.values())
+    for kind, title in (("fwd", "Forward"), ("bwd", "Backward")):
+        keys = sorted((k for k in table if k[0] == kind), key=lambda k: k[1:5])
+        if not keys:
+            continue
+        extra = kind == "fwd" and sm80
+        L += ["", f"### {title}", ""]
+        if kind == "fwd":
+            L.append("ours = `flash_attn_func` (backend AUTO)" +
+                     ("; ours sm80 = `flashattn.ops.forward(..., backend=\"cuda-sm80\")` into caller-owned "
+                      "out/lse." if extra else "."))
+            L.append("")
+        L.append(f"| dir | dtype | d | causal | seqlen | B×H | {ours_col} | " + ("ours sm80 | " if extra else "") +
+                 "cuDNN | FA2 | ours/cuDNN | ours/FA2 | " + ("sm80/FA2 | " if extra else "") + "note |")
+        L.append("|---" * (12 + 2 * extra) + "|")
+        for key in keys:
+            _, dt, d, causal, s, batch, heads = key
+            cell = table[key]
+            t = tflops(cell)
+            note = (cell.get("ours") or {}).get("note", "")
+            if extra and (cell.get("ours_sm80") or {}).get("note"):
+                note = (note + "; " if note else "") + "sm80: " + cell["ours_sm80"]["note"]
+            L.append(f"| {kind} | {dt} | {d} | {'yes' if causal else 'no'} | {s} | {batch}×{heads} | "
+                     f"{fmt(cell.get('ours'))} | " + (f"{fmt(cell.get('ours_sm80'))} | " if extra else "") +
+                     f"{fmt(cell.get('cudnn'))} | {fmt(cell.get('flash2'))} | "
+                     f"{ratio(t['ours'], t['cudnn'])} | {ratio(t['ours'], t['flash2'])} | " +
+                     (f"{ratio(t['ours_sm80'], t['flash2'])} | " if extra else "") + f"{note} |")
+        pairs = [("ours/cuDNN", "ours", "cudnn"), ("ours/FA2", "ours", "flash2")]
+        pairs += [("sm80/FA2", "ours_sm80", "flash2")] if extra else []
+        means = [(label, geomean([t[a] / t[b] for t in (tflops(table[k]) for k in keys) if t[a] and t[b]]))
+                 for label, a, b in pairs]
+        L += ["", f"Geometric means ({kind}, over the shapes measured): " +
+              "; ".join(f"{label} {m:.2f}" if m else f"{label} –" for label, m in means) + "."]
+    L += ablation_table(rows)
     mem = [r for r in rows if r["kind"] == "memory"]
     if mem:
         L += ["", "## Peak extra memory (MiB above the inputs; bf16, 1×16k×16 heads, d128, causal)", "",
@@ -130,6 +179,45 @@ def markdown(out_dir, work, rows):
         f.write("\n".join(L))
 
 
+def ablation_table(rows):
+    """Markdown lines: TFLOP/s of each sm90 forward variant per shape, with its ratio to the default."""
+    abl = [r for r in rows if r["kind"] == "ablation"]
+    if not abl:
+        return []
+    shapes = sorted({(int(r["causal"]), int(r["seqlen"])) for r in abl})
+    per = defaultdict(dict)  # backend -> shape -> row
+    for r in abl:
+        per[r["backend"]][(int(r["causal"]), int(r["seqlen"]))] = r
+    # The run's order (bench.py's variant list), the default first and cuDNN last.
+    names = sorted(per, key=lambda n: (n != "default", n == "cudnn"))
+    d, dt = abl[0]["hdim"], abl[0]["dtype"]
+    L = ["", f"## Ablation (sm90 forward, {dt} d{d})", "",
+         "TFLOP/s per FLASHATTN_SM90_MECHANISMS variant (ratio to the default kernel); 16k tokens, model dim 2048; "
+         "cuDNN for reference. A build without the variants runs the default kernel for every name.", "",
+         "| variant | " + " | ".join(f"{'causal' if c else 'non-causal'} {s}" for c, s in shapes) +
+         " | geomean vs default | note |",
+         "|---" * (len(shapes) + 3) + "|"]
+    default = per.get("default", {})
+    for name in names:
+        cells, ratios, notes = [], [], set()
+        for shape in shapes:
+            r = per[name].get(shape)
+            v = num(r["tflops"]) if r else None
+            ref = num(default[shape]["tflops"]) if shape in default else None
+            cells.append("n/a" if v is None else f"{v:.1f}" + (f" ({v / ref:.2f})" if ref and name != "default" else ""))
+            if v is not None and ref:
+                ratios.append(v / ref)
+            if r and r.get("note") and (v is None or "NONFINITE" in r["note"]):
+                notes.add(r["note"][:70])
+        worst = max((float(r["note"].split("maxdiff_vs_cudnn=")[1].split()[0]) for r in per[name].values()
+                     if "maxdiff_vs_cudnn=" in (r.get("note") or "")), default=None)
+        if worst is not None:
+            notes.add(f"max diff vs cuDNN {worst:.1e}")
+        g = geomean(ratios) if name != "default" else None
+        L.append(f"| {name} | " + " | ".join(cells) + f" | {f'{g:.2f}' if g else '–'} | {'; '.join(sorted(notes))} |")
+    return L
+
+
 def plots(out_dir, rows, mock=False):
     import matplotlib  # noqa: PLC0415
 
@@ -145,7 +233,8 @@ def plots(out_dir, rows, mock=False):
     dtypes = sorted({k[1] for k in table})
     panels = [(kind, c) for kind in kinds for c in causals]
     fig, axes = plt.subplots(len(panels), len(hdims), figsize=(4.2 * len(hdims), 3.2 * len(panels)), squeeze=False)
-    style = {"ours": ("tab:red", "o"), "cudnn": ("tab:blue", "s"), "flash2": ("tab:green", "^")}
+    style = {"ours": ("tab:red", "o"), "ours_sm80": ("tab:orange", "v"), "cudnn": ("tab:blue", "s"),
+             "flash2": ("tab:green", "^")}
     for pi, (kind, c) in enumerate(panels):
         for hi, d in enumerate(hdims):
             ax = axes[pi][hi]
@@ -158,7 +247,7 @@ def plots(out_dir, rows, mock=False):
                         color, marker = style[b]
                         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker,
                                 linestyle="-" if dt == "bf16" else "--",
-                                label=f"{LABEL[b]}{' (MOCK)' if mock and b == 'ours' else ''} {dt}")
+                                label=f"{LABEL[b]}{' (MOCK)' if mock and b.startswith('ours') else ''} {dt}")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{kind} d{d} {'causal' if c else 'non-causal'}", fontsize=10)
             ax.set_xlabel("seqlen")

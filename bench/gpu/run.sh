@@ -6,7 +6,7 @@
 #   sanitizer.log bench.log; the device tool brings back at most 8).
 #
 # usage: bench/gpu/run.sh OUTDIR [--quick] [--build-dir DIR] [--archs LIST] [--jobs N] [--skip STEP,...]
-#                          [--budget S] [--mock]
+#                          [--budget S] [--mock] [--ablations]
 #   --quick       a few shapes (about a minute after the build); without it the full record run
 #   --build-dir   a build folder made elsewhere (its paths are rewritten for ctest); default: configure and
 #                 build here with cmake -G Ninja -DFLASHATTN_KERNELS=default
@@ -19,6 +19,11 @@
 #                 adding shapes in time for the report to be written
 #   --mock        test the harness itself: 'ours' is bench/gpu/mock (torch's plain implementation), whatever
 #                 was built; its rows say nothing about our kernels
+#   --ablations   for a build with the sm90 ablation variants only: bench.py --ablations times the sm90 bf16 d128
+#                 forward once per FLASHATTN_SM90_MECHANISMS variant (seqlen 2k/8k/16k, causal and not, cuDNN
+#                 beside it) after the main table, which leaves it its time; results.md gets an Ablation table
+# The compute-sanitizer step reruns a check.py --tiny run that was not clean once per tiny case (60 s at most
+# in all) and reports which case fails alone, with the tail of its log.
 # Dependencies the machine cannot download come from the repo's ignored .whl/ folder (bench/README.md):
 #   .whl/nvidia_cutlass-*.whl (CuTe/CUTLASS headers; or set FLASHATTN_CUTLASS_DIR) and, when the machine
 #   has no GoogleTest, .whl/googletest-*.tar.gz. The Python package is imported from the build tree when the
@@ -29,7 +34,7 @@ set -uo pipefail
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2; }
 [[ $# -ge 1 && $1 != -* ]] || usage
 OUTDIR=$1; shift
-QUICK=0; BUILD_DIR=""; ARCHS="90a"; JOBS=$(nproc); SKIP=""; MOCK=0; BUDGET=570
+QUICK=0; BUILD_DIR=""; ARCHS="90a"; JOBS=$(nproc); SKIP=""; MOCK=0; BUDGET=570; ABLATIONS=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --quick) QUICK=1 ;;
@@ -38,6 +43,7 @@ while [[ $# -gt 0 ]]; do
     --jobs) JOBS=$2; shift ;;
     --skip) SKIP=$2; shift ;;
     --mock) MOCK=1 ;;
+    --ablations) ABLATIONS=--ablations ;;
     --budget) BUDGET=$2; shift ;;
     *) usage ;;
   esac
@@ -289,21 +295,27 @@ fi
 # ------------------------------------------------------------------ c. compute-sanitizer
 # The subset: ctest tests labelled 'sanitizer' (the C++ suite's small cases) and the Python --tiny cases
 # (through the binding; in --quick only when there are no ctest ones). Only our kernels are instrumented
-# (--kernel-name) when they all carry 'flashattn'.
+# (--kernel-name) when they all carry 'flashattn'. A check.py --tiny run that is not clean (hazards, errors,
+# an "Internal Sanitizer Error", a nonzero exit) is rerun once per tiny case (check.py --list / --cases) to
+# name the case(s) that fail alone; those reruns take at most LOCALISE_S seconds in all.
+LOCALISE_S=60
 if ! skip sanitize; then
   stamp "compute-sanitizer" | tee -a "$SAN_LOG"
   # Each sanitizer run is bounded (instrumented code runs 10-100x slower): 45 s in --quick, 300 s in full.
   "$PY" - "$WORK" "$BUILD" "$HERE" "$SAN_LOG" "$([[ $QUICK == 1 ]] && echo 45 || echo 300)" "$QUICK" \
-    "$(( DEADLINE - 200 ))" <<'EOF' || STATUS=1
+    "$(( DEADLINE - 200 ))" "$LOCALISE_S" <<'EOF' || STATUS=1
 import json, os, re, subprocess, sys, time
 work, build, here, log_path = sys.argv[1:5]
 limit_s, quick = int(sys.argv[5]), sys.argv[6] == "1"
 deadline = float(sys.argv[7])  # the benchmarks' share of the run's budget is kept free
+localise_s = float(sys.argv[8])
 log = open(log_path, "a")
-runs, note, failed = [], "", False
+check_py = os.path.join(here, "check.py")
+runs, localised, note, failed = [], [], "", False
 
-def sanitize(tool, target, cmd, extra=()):
-    global failed
+
+def run_tool(tool, cmd, extra, timeout):
+    """One compute-sanitizer run: (clean, result line, output)."""
     full = ["compute-sanitizer", "--tool", tool, "--report-api-errors", "no", *extra, *cmd]
     log.write(f"$ {' '.join(full)}\n"); log.flush()
     t = time.time()
@@ -311,17 +323,59 @@ def sanitize(tool, target, cmd, extra=()):
         # torch's caching allocator sub-allocates large segments, so an access past a tensor's end usually
         # lands in valid memory and memcheck stays silent: give every tensor its own allocation.
         p = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
-                           timeout=max(20, min(limit_s, deadline - time.time())))
+                           env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, timeout=timeout)
         out, rc = p.stdout, p.returncode
     except subprocess.TimeoutExpired as e:
         out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
     log.write(out[-20000:] + "\n"); log.flush()
     m = re.search(r"(ERROR|RACECHECK) SUMMARY: (\d+) (errors?|hazards?)[^\n]*", out)
-    clean = m is not None and m.group(2) == "0" and rc == 0
+    internal = re.search(r"Internal Sanitizer Error[^\n]*", out)
+    clean = m is not None and m.group(2) == "0" and rc == 0 and internal is None
     result = (m.group(0) if m else f"no summary (exit {rc})") + f", exit {rc}, {time.time() - t:.0f} s"
+    if internal:
+        result += f"; {internal.group(0).strip()}"
+    return clean, result, out
+
+
+def sanitize(tool, target, cmd, extra=()):
+    global failed
+    clean, result, _ = run_tool(tool, cmd, extra, max(20, min(limit_s, deadline - time.time())))
     failed |= not clean
     runs.append({"tool": tool, "target": target, "result": ("clean: " if clean else "PROBLEM: ") + result})
+    return clean
+
+
+def tail(out, first=6, last=10):
+    """The sanitizer's first reports and the output's last lines: enough to see what failed where."""
+    lines = [l.rstrip() for l in out.splitlines() if l.strip()]
+    reports = [l for l in lines if l.startswith("=========") and "COMPUTE-SANITIZER" not in l][:first]
+    return "\n".join(reports + [l for l in lines[-last:] if l not in reports])
+
+
+def localise(tool, extra, budget_end):
+    """Reruns check.py --tiny under `tool` once per tiny case, to name the case(s) that fail alone."""
+    try:
+        p = subprocess.run([sys.executable, check_py, "--tiny", "--list"], capture_output=True, text=True, timeout=60)
+        labels = [l.strip() for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
+    except subprocess.TimeoutExpired:
+        labels = []
+    if not labels:
+        localised.append({"tool": tool, "case": "(all)", "clean": False,
+                          "result": "not localised: check.py --tiny --list gave no cases", "tail": ""})
+        return
+    log.write(f"# {tool}: check.py --tiny was not clean; rerunning its {len(labels)} cases one by one\n")
+    for i, label in enumerate(labels):
+        share = (budget_end - time.time()) / (len(labels) - i)  # what is left, split over the cases left
+        if share < 10:
+            localised.append({"tool": tool, "case": label, "clean": None, "tail": "",
+                              "result": f"not rerun: out of time (reruns get {localise_s:.0f} s in all, within the run's budget)"})
+            continue
+        regex = "^" + re.escape(label).replace("\\ ", " ") + "$"
+        clean, result, out = run_tool(tool, [sys.executable, check_py, "--tiny", "--cases", regex], extra, share)
+        localised.append({"tool": tool, "case": label, "clean": clean,
+                          "result": ("clean alone: " if clean else "FAILS alone: ") + result,
+                          "tail": "" if clean else tail(out)})
+
 
 tests = []
 if os.path.exists(os.path.join(build, "CTestTestfile.cmake")):
@@ -335,8 +389,7 @@ for name, cmd in tests:
     for tool in ("memcheck", "racecheck"):
         sanitize(tool, f"ctest {name}", cmd)  # unfiltered: the test binary launches little besides ours
 if not tests or not quick:
-    probe = subprocess.run([sys.executable, os.path.join(here, "check.py"), "--kernel-filter"],
-                           capture_output=True, text=True, timeout=300)
+    probe = subprocess.run([sys.executable, check_py, "--kernel-filter"], capture_output=True, text=True, timeout=300)
     log.write(probe.stdout + probe.stderr)
     ours = probe.returncode == 0 and "ours: not available" not in probe.stdout
     if probe.returncode != 0:
@@ -360,11 +413,16 @@ if not tests or not quick:
         kfilter = (probe.stdout.strip().splitlines() or [""])[-1]
         extra = ["--kernel-name", f"kns={kfilter}"] if kfilter and not kfilter.startswith("#") else []
         label = "check.py --tiny" + (f" (kernels *{kfilter}*)" if extra else " (all kernels)")
+        localise_end = None  # the reruns of both tools share one allowance, which starts at the first rerun
         for tool in ("memcheck", "racecheck"):
-            sanitize(tool, label, [sys.executable, os.path.join(here, "check.py"), "--tiny"], extra)
-json.dump({"runs": runs, "note": note}, open(os.path.join(work, "sanitizer.json"), "w"))
+            if not sanitize(tool, label, [sys.executable, check_py, "--tiny"], extra):
+                localise_end = localise_end or min(time.time() + localise_s, deadline)
+                localise(tool, extra, localise_end)
+json.dump({"runs": runs, "note": note, "localised": localised}, open(os.path.join(work, "sanitizer.json"), "w"))
 for r in runs:
     print(f"sanitizer: {r['tool']} {r['target']}: {r['result']}")
+for r in localised:
+    print(f"sanitizer: {r['tool']} check.py --tiny case '{r['case']}': {r['result']}")
 if note:
     print("sanitizer: " + note)
 sys.exit(1 if failed else 0)
@@ -376,9 +434,10 @@ echo "{\"gpu\": $(json_str "$GPU_CT"), \"cpu\": $(json_str "$CPU_CT"), \"pytest\
 
 # ------------------------------------------------------------------ d. benchmarks
 if ! skip bench; then
-  stamp "bench.py $QFLAG" | tee -a "$BENCH_LOG"
+  stamp "bench.py $QFLAG $ABLATIONS" | tee -a "$BENCH_LOG"
   # bench.py stops adding shapes at its deadline (the report needs ~15 s); timeout is the backstop.
-  timeout "$(left 5 30)" "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG --deadline $(( DEADLINE - 15 )) \
+  timeout "$(left 5 30)" "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG $ABLATIONS \
+    --deadline $(( DEADLINE - 15 )) \
     >>"$BENCH_LOG" 2>&1 || STATUS=1
   stamp "$(tail -1 "$BENCH_LOG")"
 fi
@@ -386,7 +445,12 @@ fi
 # ------------------------------------------------------------------ e. report
 "$PY" "$HERE/report.py" --out "$OUTDIR" --work "$WORK" 2>&1 | tee -a "$BENCH_LOG"
 stamp "done, status $STATUS" | tee -a "$BENCH_LOG"
-# The end of the output is what the device tool shows first: the summaries, then the table.
-sed -n '/^## Correctness/,/^## Throughput/p' "$OUTDIR/results.md" | grep -v '^## Throughput'
-grep -E '^\| (fwd|bwd) ' "$OUTDIR/results.md" | head -80
+# The end of the output is what the device tool shows first (its last 12,000 characters): the summaries (without
+# the sanitizer's log tails), the table without its notes, the geometric means, the ablation table. All of it
+# is in results.md.
+sed -n '/^## Correctness/,/^## Throughput/p' "$OUTDIR/results.md" | grep -v '^## Throughput' |
+  awk '/^```/ { skip = !skip; next } !skip'
+grep -E '^\| (dir|fwd|bwd) ' "$OUTDIR/results.md" | sed -E 's/\| [^|]* \|$/|/' | head -66
+grep -E '^Geometric means' "$OUTDIR/results.md"
+sed -n '/^## Ablation/,/^## /p' "$OUTDIR/results.md" | grep -E '^\|'
 exit $STATUS

@@ -53,3 +53,5 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         lses.append(l[0])
     out, lse = torch.cat(outs, 0), torch.cat(lses, 1)
     return (out, lse, None) if return_attn_probs else out
+
+from . import ops  # noqa: E402,F401  (flashattn.ops.forward for bench.py's ours_sm80 and --ablations rows)
