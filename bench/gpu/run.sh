@@ -171,7 +171,8 @@ if ! skip build; then
       rm -rf "$BUILD"
       echo "+ configure $*" >>"$BUILD_LOG"
       cmake -S "$REPO" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNELS=default \
-        -DFLASHATTN_CUDA_ARCHS="$ARCHS" -DFLASHATTN_SM80_ARCHS="${ARCHS//a/}" "${extra[@]}" "$@" >>"$BUILD_LOG" 2>&1 ||
+        -DFLASHATTN_CUDA_ARCHS="$ARCHS" -DFLASHATTN_SM80_ARCHS="${ARCHS//a/}" \
+        ${ABLATIONS:+-DFLASHATTN_SM90_ABLATIONS=ON} "${extra[@]}" "$@" >>"$BUILD_LOG" 2>&1 ||
         { [[ -f $BUILD/build.ninja ]] && CONFIG_NOTE+=" (cmake reported errors, see build.log)"; }
     }
     CONFIG_NOTE=""

@@ -74,7 +74,7 @@ def test_bench(tmp):
     def forward(*a, **kw):
         v = os.environ.get(bench.MECHANISMS_ENV)
         seen.append((kw.get("backend"), v))
-        if v == "stages3":
+        if v == "stages1":
             raise ValueError("FLASHATTN_SM90_MECHANISMS: unknown variant (test)")
         return real(*a, **kw)
 
@@ -103,8 +103,8 @@ def test_bench(tmp):
     assert all(r["note"].startswith("RuntimeError") for r in rows if r["backend"] == "cudnn" and r["kind"] == "fwd")
     abl = [r for r in rows if r["kind"] == "ablation"]
     timed = {r["backend"] for r in abl if r["ms"] != "NA"}
-    assert timed == set(bench.ABLATION_VARIANTS) - {"stages3"}, timed
-    assert all("ValueError" in r["note"] for r in abl if r["backend"] == "stages3"), "a raising variant"
+    assert timed == set(bench.ABLATION_VARIANTS) - {"stages1"}, timed
+    assert all("ValueError" in r["note"] for r in abl if r["backend"] == "stages1"), "a raising variant"
     want = {(b_, "" if v == "default" else v) for v in bench.ABLATION_VARIANTS for b_ in ("cuda-sm90",)}
     assert want <= set(seen), set(seen)
     assert ("cuda-sm80", "before") in seen, "ours_sm80 runs with the caller's variable untouched"

@@ -23,7 +23,7 @@ L=$(find $W/b -name libflashattn_capi.so | head -1)
 cuobjdump -res-usage "$L" 2>/dev/null | grep -A1 "sm90.*fwd_kernel" | grep -oE "REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+" | paste -sd' ' | head -c 1500; echo
 timeout 200 python3 bench/gpu/dev/bench_fwd.py "$L" $SEQLENS --backends sm90,sm80 > "$O/bench_fwd.tsv" 2>&1
 echo "== bench rc=$?"; grep -v "^#" "$O/bench_fwd.tsv"
-for v in default no_pingpong no_overlap not_persistent stages1 stages3 block_k176 no_pingpong_no_overlap; do
+for v in default no_pingpong no_overlap not_persistent stages1 block_k128 no_pingpong_no_overlap; do
   FLASHATTN_SM90_MECHANISMS=$v timeout 60 python3 bench/gpu/dev/bench_fwd.py "$L" $SEQLENS --hdims 128 --ours-only \
     --backends sm90 2>&1 | grep -v "^#" | grep -v "^backend" | sed "s/^sm90/$v/"
 done | tee "$O/ablation.tsv"

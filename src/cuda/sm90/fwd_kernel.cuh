@@ -208,6 +208,18 @@ __device__ constexpr auto acc_as_a_operand(L l) {
                      layout<1>(groups));
 }
 
+// The tile index travels from the producer to the consumers through shared memory, ordered by barrier_q (the
+// producer writes before its arrive, the consumers read after their wait). CUTLASS's mbarrier asm carries no
+// memory clobber, so compiler barriers keep the store and the load on their side of it.
+__device__ __forceinline__ void publish_tile(int& slot, int idx) {
+  *reinterpret_cast<volatile int*>(&slot) = idx;
+  asm volatile("" ::: "memory");
+}
+__device__ __forceinline__ int published_tile(const int& slot) {
+  asm volatile("" ::: "memory");
+  return *reinterpret_cast<const volatile int*>(&slot);
+}
+
 // acc (+)= A.B over the K mode as a batch of wgmmas of one warpgroup, committed as one group: the caller waits
 // for it with warpgroup_wait<N>() (N = groups it lets run on).
 template <bool kZeroInit, class Mma, class TA, class TB, class TC>
@@ -333,7 +345,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         cutlass::arch::NamedBarrier::sync(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
       first_tile = false;
       if (is_tma_thread) {
-        ss.tile_idx = idx;  // published to the consumers by the barrier's completion
+        publish_tile(ss.tile_idx, idx);
         ss.barrier_q.arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
         CUTE_UNROLL
         for (int w = 0; w < kWGs; ++w) copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), tQg(_, t.m_block * kWGs + w), tQs(_, w));
@@ -349,7 +361,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // there is no further tile.
     if (!first_tile) cutlass::arch::NamedBarrier::sync(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
     if (is_tma_thread) {
-      ss.tile_idx = sched.count();
+      publish_tile(ss.tile_idx, sched.count());
       ss.barrier_q.arrive();
     }
     return;
@@ -395,7 +407,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   for (;;) {
     ss.barrier_q.wait(q_phase);
     q_phase ^= 1;
-    const int idx = ss.tile_idx;
+    const int idx = published_tile(ss.tile_idx);
     if (idx >= sched.count()) break;
     const TileScheduler::Tile t = sched.tile(idx);
     const SeqInfo seq(p, t.batch);
