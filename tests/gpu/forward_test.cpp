@@ -294,6 +294,22 @@ std::vector<Case> forward_cases() {
     Case s; s.sq = 97, s.sk = 143, s.d = s.dv = 64; s.row_pad = 8; s.hq = 3, s.hkv = 3;
     s.name = "strided_rows"; add(s);
   }
+  {  // GQA with short query sequences: cuda-sm90 packs the group's heads into the tile rows
+    Case c; c.batch = 2, c.sq = 1, c.sk = 1000, c.hq = 32, c.hkv = 8, c.d = c.dv = 128;
+    c.name = "packed_decode_32to8"; add(c);
+    c.name = "packed_decode_32to8_causal"; c.causal = true; add(c);
+    Case w; w.sq = 7, w.sk = 300, w.hq = 16, w.hkv = 2, w.d = w.dv = 64; w.wl = 20, w.wr = 0;
+    w.name = "packed_16to2_window"; add(w);
+    Case g; g.sq = 5, g.sk = 77, g.hq = 12, g.hkv = 2, g.d = g.dv = 256; g.softcap = 4.f; g.dtype = FA_FLOAT16;
+    g.name = "packed_group6_d256_softcap_fp16"; add(g);
+    Case v; v.hq = 8, v.hkv = 2, v.d = v.dv = 128; v.causal = true;
+    v.lens_q = {1, 5, 16, 0}; v.lens_k = {100, 1, 400, 9};
+    v.name = "packed_varlen_causal"; add(v);
+    Case u; u.batch = 3, u.sq = 3, u.sk = 200, u.hq = 4, u.hkv = 1, u.d = u.dv = 64; u.used_k = {0, 50, 200};
+    u.name = "packed_mqa_seqused_k"; add(u);
+    Case a; a.sq = 9, a.sk = 64, a.hq = 8, a.hkv = 2, a.d = a.dv = 128; a.alibi = 1;
+    a.name = "gqa_short_alibi_unpacked"; add(a);
+  }
   {  // more tiles than SMs: persistent CTAs walk several tiles (Q reloads, pipeline phases across tiles)
     Case c; c.batch = 2, c.hq = 8, c.hkv = 2, c.sq = 2000, c.sk = 2100, c.d = c.dv = 128;
     c.name = "many_tiles_gqa"; add(c);

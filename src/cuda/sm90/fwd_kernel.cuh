@@ -148,6 +148,27 @@ struct KernelParams {
   int* tile_counter = nullptr;  // dynamic scheduling (zeroed before the launch); null: static
 };
 
+// Where packed row `row` (position * group + head-in-group) of a tile lives; unpacked: rows_per_pos = 1.
+struct PackedRow {
+  int pos, head;
+  __device__ PackedRow(int row, int rows_per_pos, int head0) : pos(row / rows_per_pos), head(head0 + row % rows_per_pos) {}
+};
+
+// apply_mask for packed rows: the mask sees query positions, not tile rows.
+template <class Mask, class S, class C>
+__device__ void apply_mask_packed(const Mask& mask, S& s, const C& coords, int m0, int rows_per_pos, int n0) {
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(s); ++r) {
+    const ColRange cr = mask.cols((m0 + get<0>(coords(r, 0))) / rows_per_pos);
+    const int lo = cr.lo - n0, hi = cr.hi - n0;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s); ++c) {
+      const int col = get<1>(coords(0, c));
+      if (col < lo || col >= hi) s(r, c) = -INFINITY;
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------- tile scheduler
 // Tiles are numbered 0..count-1. CTA c starts with tile c; without a window it then takes c + gridDim.x, ...
 // (static: every tile costs the same), and the query blocks of one (head, batch) are consecutive so that CTAs
@@ -242,7 +263,11 @@ __device__ __forceinline__ void wgmma_gemm(Mma& mma, const TA& a, const TB& b, T
 
 // ------------------------------------------------------------------------------------------- the kernel
 // kScoreMods: softcap and/or ALiBi present (their own instantiation keeps the plain kernel's registers free).
-template <class Traits, bool kScoreMods>
+// kPackGQA: GQA query-head packing for query sequences shorter than a tile: a tile's rows are (query position,
+// head of the group) pairs, position-major, so that the tile is full and one K/V pass serves the whole group;
+// tiles then run over KV heads. Its own instantiation: the row gathers and per-row addresses cost registers
+// the plain kernels do not have to spare (d64 and 176-key d128 spilled with packing decided at run time).
+template <class Traits, bool kScoreMods, bool kPackGQA>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> kp) {
   using Element = typename Traits::Element;
   using Mech = typename Traits::Mech;
@@ -283,8 +308,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
   Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? ss.o.data() : ss.q.data()), typename Traits::SmemLayoutO{});
 
-  const TileScheduler sched{kp.num_m_blocks, p.heads_q, p.batch, p.has_window, kp.section_heads};
+  const int rows_per_pos = kPackGQA ? p.group : 1;  // tile rows per query position
+  const TileScheduler sched{kp.num_m_blocks, kPackGQA ? p.heads_q / p.group : p.heads_q, p.batch, p.has_window,
+                            kp.section_heads};
   const bool varlen = p.cu_seqlens_q != nullptr;
+  // The query positions [lo, hi) of tile rows [m0, m0 + rows) of a sequence of len_q positions.
+  auto positions = [&](int m0, int rows, int len_q) {
+    return BlockRange{m0 / rows_per_pos, min(len_q, (m0 + rows + rows_per_pos - 1) / rows_per_pos)};
+  };
 
   if (warp_group == 0) {
     // ------------------------------------------------------------------ producer
@@ -303,11 +334,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       const TileScheduler::Tile t = sched.tile(idx);
       const SeqInfo seq(p, t.batch);
       const int m0 = t.m_block * kBlockM;
-      if (m0 >= seq.len_q) continue;  // varlen: this sequence is shorter than max_seqlen_q
+      if (m0 >= seq.len_q * rows_per_pos) continue;  // varlen: this sequence is shorter than max_seqlen_q
       const WindowMask mask(p, seq);
-      const BlockRange range = mask.blocks(m0, min(kBlockM, seq.len_q - m0), kBlockN);
+      const BlockRange pos = positions(m0, kBlockM, seq.len_q);
+      const BlockRange range = mask.blocks(pos.lo, pos.hi - pos.lo, kBlockN);
       const int b = varlen ? 0 : t.batch;
-      const int kv_head = t.head / p.group;
+      const int kv_head = kPackGQA ? t.head : t.head / p.group;
 
       Tensor mQ = domain_offset(make_coord(seq.q_start, _0{}), kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, t.head, b));
       Tensor mK = domain_offset(make_coord(seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
@@ -346,9 +378,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       first_tile = false;
       if (is_tma_thread) {
         publish_tile(ss.tile_idx, idx);
-        ss.barrier_q.arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
-        CUTE_UNROLL
-        for (int w = 0; w < kWGs; ++w) copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), tQg(_, t.m_block * kWGs + w), tQs(_, w));
+        if constexpr (kPackGQA) {
+          ss.barrier_q.arrive();  // packed rows are no TMA box: each consumer warpgroup gathers its own
+        } else {
+          ss.barrier_q.arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
+          CUTE_UNROLL
+          for (int w = 0; w < kWGs; ++w)
+            copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), tQg(_, t.m_block * kWGs + w), tQs(_, w));
+        }
       }
       // Q.K^T of block n-1 is issued before P.V of block n (intra-warpgroup overlap): K(n-1) before V(n).
       for (int n = range.hi - 1; n > range.lo; --n) {
@@ -412,10 +449,47 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     const TileScheduler::Tile t = sched.tile(idx);
     const SeqInfo seq(p, t.batch);
     const int m0 = t.m_block * kBlockM;
-    const int m0_wg = m0 + wg * kWgRows;  // this warpgroup's first query row
+    const int m0_wg = m0 + wg * kWgRows;  // this warpgroup's first tile row
     const WindowMask mask(p, seq);
-    const BlockRange range = mask.blocks(m0, min(kBlockM, seq.len_q - m0), kBlockN);
-    const ScoreMods mods(p, seq, t.batch, t.head);
+    // Unpacked tiles keep the plain form: at d64's 160-register budget ptxas spilled (140 bytes) when the
+    // range went through positions() even with one row per position.
+    const BlockRange range = [&] {
+      if constexpr (kPackGQA) {
+        const BlockRange pos = positions(m0, kBlockM, seq.len_q);
+        return mask.blocks(pos.lo, pos.hi - pos.lo, kBlockN);
+      } else {
+        return mask.blocks(m0, min(kBlockM, seq.len_q - m0), kBlockN);
+      }
+    }();
+    const int head0 = kPackGQA ? t.head * p.group : t.head;  // query head of the tile's first row
+    const ScoreMods mods(p, seq, t.batch, t.head);  // ALiBi never runs packed (its slope is per head)
+
+    if constexpr (kPackGQA) {
+      // Gather this warpgroup's 64 packed rows of Q into its Q tile with 16-byte loads (rows past the sequence
+      // and columns past head_dim are zero), then make them visible to wgmma (async proxy).
+      cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);  // the previous tile's reads of
+                                                                                    // this space are done
+      typename Traits::GmemStoreO gather;  // the same 128-thread, 16-byte-vector partition as the O stores
+      auto gthr = gather.get_thread_slice(tid);
+      Tensor tQs = gthr.partition_D(sQw);
+      Tensor tQc = gthr.partition_D(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+      const Element* q_base = static_cast<const Element*>(p.q) +
+                              (varlen ? int64_t(seq.q_start) * p.q_row : int64_t(t.batch) * p.q_batch);
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(tQs); ++m) {
+        const PackedRow r(m0_wg + get<0>(tQc(0, m, 0)), rows_per_pos, head0);
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tQs); ++k) {
+          const int col = get<1>(tQc(0, m, k));
+          cute::uint128_t v{};
+          if (r.pos < seq.len_q && col < p.head_dim)
+            v = *reinterpret_cast<const cute::uint128_t*>(q_base + int64_t(r.pos) * p.q_row + int64_t(r.head) * p.q_head + col);
+          *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&tQs(0, m, k))) = v;
+        }
+      }
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
+    }
 
     Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kWgRows>, Int<kHeadDim>>{});
     Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
@@ -427,7 +501,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
       const int n0 = n * kBlockN;
       if constexpr (kScoreMods) mods.apply(s, cS_rc, m0_wg, n0);
-      if (mask.block_needs_mask(m0_wg, kWgRows, n0, kBlockN)) apply_mask(mask, s, cS_rc, m0_wg, n0);
+      if constexpr (kPackGQA) {
+        const BlockRange pos_wg = positions(m0_wg, kWgRows, seq.len_q);
+        if (mask.block_needs_mask(pos_wg.lo, max(pos_wg.hi - pos_wg.lo, 1), n0, kBlockN))
+          apply_mask_packed(mask, s, cS_rc, m0_wg, rows_per_pos, n0);
+      } else if (mask.block_needs_mask(m0_wg, kWgRows, n0, kBlockN)) {
+        apply_mask(mask, s, cS_rc, m0_wg, n0);
+      }
       return softmax.template exponentiate<decltype(is_first)::value>(s, p.scale_log2, correction);
     };
 
@@ -519,19 +599,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
     if (p.lse != nullptr) {
       const int64_t lse_base = varlen ? int64_t(seq.q_start) * p.lse_row : int64_t(t.batch) * p.lse_batch;
-      float* lse_ptr = p.lse + lse_base + int64_t(t.head) * p.lse_head;
-      CUTE_UNROLL
-      for (int r = 0; r < int(sizeof(lse) / sizeof(lse[0])); ++r) {
-        const int row = m0_wg + get<0>(cO_rc(r, 0));
-        // One writer per row: the quad's thread that holds column 0.
-        if (get<1>(cO_rc(r, 0)) == 0 && row < seq.len_q) lse_ptr[int64_t(row) * p.lse_row] = lse[r];
+      if constexpr (kPackGQA) {
+        CUTE_UNROLL
+        for (int r = 0; r < int(sizeof(lse) / sizeof(lse[0])); ++r) {
+          const PackedRow row(m0_wg + get<0>(cO_rc(r, 0)), rows_per_pos, head0);
+          // One writer per row: the quad's thread that holds column 0.
+          if (get<1>(cO_rc(r, 0)) == 0 && row.pos < seq.len_q)
+            p.lse[lse_base + int64_t(row.pos) * p.lse_row + int64_t(row.head) * p.lse_head] = lse[r];
+        }
+      } else {
+        float* lse_ptr = p.lse + lse_base + int64_t(t.head) * p.lse_head;
+        CUTE_UNROLL
+        for (int r = 0; r < int(sizeof(lse) / sizeof(lse[0])); ++r) {
+          const int row = m0_wg + get<0>(cO_rc(r, 0));
+          if (get<1>(cO_rc(r, 0)) == 0 && row < seq.len_q) lse_ptr[int64_t(row) * p.lse_row] = lse[r];
+        }
       }
     }
     cutlass::arch::fence_view_async_shared();  // the generic-proxy smem writes become visible to the TMA store (async proxy)
     cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
 
     const int rows_here = seq.len_q - m0_wg;
-    if (!varlen) {
+    if (!varlen && !kPackGQA) {
       // The TMA box is clipped at the tensor's rows and head dim: partial tiles need no predicates.
       if (tid == 0 && rows_here > 0) {
         Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_o)(_, _, t.head, t.batch);
@@ -543,7 +632,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         tma_store_arrive();
         tma_store_wait<0>();
       }
-    } else {
+    } else if constexpr (!kPackGQA) {
       // A box would write past the end of this sequence into the next one's rows: predicated vector stores.
       Element* o_ptr = static_cast<Element*>(p.out) + int64_t(seq.q_start) * p.o_row + int64_t(t.head) * p.o_head;
       Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.o_row, _1{}));
@@ -559,6 +648,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         CUTE_UNROLL
         for (int k = 0; k < size<2>(tOg); ++k)
           if (get<1>(tOc(0, m, k)) < p.head_dim_v) copy(store, tOs(_, m, k), tOg(_, m, k));
+      }
+    }
+    if constexpr (kPackGQA) {
+      // Packed rows are no box: predicated 16-byte stores, one row address each.
+      Element* o_base = static_cast<Element*>(p.out) +
+                        (varlen ? int64_t(seq.q_start) * p.o_row : int64_t(t.batch) * p.o_batch);
+      typename Traits::GmemStoreO store;
+      auto sthr = store.get_thread_slice(tid);
+      Tensor tOs = sthr.partition_S(sOw);
+      Tensor tOc = sthr.partition_D(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(tOs); ++m) {
+        const PackedRow r(m0_wg + get<0>(tOc(0, m, 0)), rows_per_pos, head0);
+        if (r.pos >= seq.len_q) continue;
+        Element* row_ptr = o_base + int64_t(r.pos) * p.o_row + int64_t(r.head) * p.o_head;
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tOs); ++k) {
+          const int col = get<1>(tOc(0, m, k));
+          if (col < p.head_dim_v)
+            *reinterpret_cast<cute::uint128_t*>(row_ptr + col) =
+                *reinterpret_cast<const cute::uint128_t*>(raw_pointer_cast(&tOs(0, m, k)));
+        }
       }
     }
     if constexpr (!Traits::kSeparateO) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_params.hpp"
@@ -36,7 +37,7 @@ auto gmem_tensor(Ptr ptr, int64_t rows, int dim, int heads, int batch, int64_t r
                                  tma_stride<Element>(batch_stride, batch)));
 }
 
-template <class Traits, bool kScoreMods>
+template <class Traits, bool kScoreMods, bool kPackGQA>
 cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kBlockN = Traits::kBlockN;
@@ -66,7 +67,9 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
   kp.shape_k = mK.shape();
   kp.shape_v = mV.shape();
   kp.shape_o = mO.shape();
-  kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t tile_rows = int64_t(p.seqlen_q) * (kPackGQA ? p.group : 1);  // packed: (position, head) rows
+  kp.num_m_blocks = int((tile_rows + Traits::kBlockM - 1) / Traits::kBlockM);
+  const int tile_heads = kPackGQA ? heads_kv : p.heads_q;
 
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
@@ -74,14 +77,14 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
   if (cudaError_t e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device); e != cudaSuccess) return e;
   // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
   const int64_t kv_bytes = int64_t(std::max(p.seqlen_k, 1)) * (p.head_dim + p.head_dim_v) * int64_t(sizeof(Element));
-  kp.section_heads = int(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, int64_t(p.heads_q) * p.batch));
+  kp.section_heads = int(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, int64_t(tile_heads) * p.batch));
 
-  auto kernel = &fwd_kernel<Traits, kScoreMods>;
+  auto kernel = &fwd_kernel<Traits, kScoreMods, kPackGQA>;
   const bool dynamic = Traits::Mech::kPersistent && p.has_window;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
       e != cudaSuccess)
     return e;
-  const int64_t tiles = int64_t(kp.num_m_blocks) * p.heads_q * p.batch;
+  const int64_t tiles = int64_t(kp.num_m_blocks) * tile_heads * p.batch;
   int grid = int(tiles);
   if constexpr (Traits::Mech::kPersistent) {
     int sms = 0;
@@ -106,21 +109,29 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
 }
 
 // Causal/window problems may get other tiles than the rest (tiles.hpp): a second kernel only where they differ.
+// GQA with query sequences shorter than a tile runs the packed kernel (default mechanisms only): its tiles are
+// full and each K/V block is read once per group instead of once per query head. Not with ALiBi (a slope per
+// head inside one tile).
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
+  using Windowed = FwdTraits<Element, kHeadDim, true, Mech>;
+  if constexpr (std::is_same_v<Mech, Mechanisms<>>) {
+    if (p.group > 1 && p.seqlen_q < Windowed::kBlockM && p.alibi == nullptr)
+      return launch_kernel<Windowed, kScoreMods, true>(p, stream);
+  }
   if constexpr (fwd_tiles(kHeadDim, true).block_k != fwd_tiles(kHeadDim, false).block_k ||
                 fwd_tiles(kHeadDim, true).consumer_warpgroups != fwd_tiles(kHeadDim, false).consumer_warpgroups ||
                 fwd_tiles(kHeadDim, true).stages != fwd_tiles(kHeadDim, false).stages) {
-    if (!p.has_window) return launch_kernel<FwdTraits<Element, kHeadDim, false, Mech>, kScoreMods>(p, stream);
+    if (!p.has_window) return launch_kernel<FwdTraits<Element, kHeadDim, false, Mech>, kScoreMods, false>(p, stream);
   }
-  return launch_kernel<FwdTraits<Element, kHeadDim, true, Mech>, kScoreMods>(p, stream);
+  return launch_kernel<Windowed, kScoreMods, false>(p, stream);
 }
 
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
   return cudaFuncGetAttributes(attributes,
-                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, true, Mech>, kScoreMods>);
+                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, true, Mech>, kScoreMods, false>);
 }
 
 }  // namespace flashattn::cuda::sm90
