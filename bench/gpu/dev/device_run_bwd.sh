@@ -4,6 +4,9 @@
 # torch SDPA flash (FA2) and cuDNN. Every phase has its own time limit so that a hang leaves the rest running.
 # Usage (from the staged source root): bench/gpu/dev/device_run_bwd.sh OUT_DIR BUILD_DIR[:TAG] [BUILD_DIR2:TAG2]
 # The first build runs the whole suite (forward + backward); further builds (backward variants) run the backward.
+# BENCH_ARGS (default "2048 8192") and BENCH_TIMEOUT (seconds, default 60) pass through to bench_bwd.py, e.g.
+# BENCH_ARGS="1024 2048 8192 16384 --hdims 64,128,256" BENCH_TIMEOUT=150. EXTRA_LIBS="LIB:TAG ..." adds libraries
+# that are only timed (e.g. a host-side variant of a tested build: same kernels).
 O=$1
 shift
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH PYTHONUNBUFFERED=1
@@ -35,6 +38,6 @@ for spec in "$@"; do
     echo "== $TAG $tool rc=$?"; tail -2 "$O/${tool}_$TAG.log"
   done
 done
-timeout 60 python3 bench/gpu/dev/bench_bwd.py $LIBS 2048 8192 > "$O/bench_bwd.tsv" 2>&1
+timeout ${BENCH_TIMEOUT:-60} python3 bench/gpu/dev/bench_bwd.py $LIBS $EXTRA_LIBS ${BENCH_ARGS:-2048 8192} > "$O/bench_bwd.tsv" 2>&1
 echo "== bench rc=$?"
 cat "$O/bench_bwd.tsv"

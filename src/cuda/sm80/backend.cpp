@@ -142,6 +142,20 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
     if (detail::Error e = check_device_pointer(name, ptr, p.device_index); !e.ok()) return e;
 
   BwdParams params = make_bwd_params(p, exec.deterministic != 0);
+  // dQ workspace geometry (see BwdParams::dq_acc). Deterministic: enough splits (CTAs per head and batch) to fill
+  // the GPU once, never more than there are key blocks.
+  const BwdTiles tiles = bwd_tiles(kernel->head_dim);
+  params.dq_tile = int64_t(tiles.block_q) * kernel->head_dim;
+  params.dq_blocks = params.rows_q / tiles.block_q + p.batch + 1;
+  if (params.deterministic) {
+    int sms = 0;
+    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, int(p.device_index));
+        e != cudaSuccess)
+      return runtime_error("cudaDeviceGetAttribute(multiProcessorCount)", e);
+    const int64_t ctas = std::max<int64_t>(1, p.batch * p.heads_q);
+    const int64_t key_blocks = std::max<int64_t>(1, (p.seqlen_k + tiles.block_k - 1) / tiles.block_k);
+    params.dq_splits = int(std::min(key_blocks, (sms + ctas - 1) / ctas));
+  }
   const BwdWorkspace ws = bwd_workspace(params);
   const auto stream = static_cast<cudaStream_t>(exec.stream);
   void* buffer = nullptr;

@@ -1,35 +1,516 @@
-// Backward of the sm80 backend: the FlashAttention-2 algorithm (Dao 2023, Alg. 2) in four kernels.
-//   1. preprocess: D = rowsum(dO * O) per (query head, row) in fp32; zeroes the fp32 dQ accumulator.
-//   2. main (dkdv_kernel): grid = key blocks x query heads x batch. K/V of the block stay in shared memory and
-//      dK/dV in accumulator fragments (registers) while the CTA walks the query blocks that can see the block
-//      (causal/window block skipping); per step P is recomputed from Q K^T and the saved LSE, dP = dO V^T,
-//      dS = P (dP - D) times d logit / d raw score (scale, softcap derivative), dV += P^T dO, dK += dS^T Q, and
-//      dQ += dS K goes into the fp32 accumulator with atomicAdd.
-//   3. deterministic mode: the main kernel skips dQ and dq_kernel (grid = query blocks) recomputes P/dS and
-//      sums dQ in registers over the key blocks in a fixed order: bit-identical results run to run.
-//   4. postprocess: dQ accumulator -> output dtype; GQA: the per-query-head fp32 dK/dV summed over each group in
-//      a fixed order -> output dtype.
-// The five GEMMs of a step run on tensor cores (mma.sync m16n8k16, fp32 accumulation) through nvcuda::wmma
-// 16x16x16 fragments read from padded shared-memory tiles; transposed operands (K^T, V^T, P^T, dS^T) are the same
-// tiles read as column-major fragments, so nothing is transposed in memory. P and dS are rounded to the storage
-// dtype for their MMAs (as FA2 does); S, dP and every accumulator stay fp32. Any head dim that is a multiple of 8
-// up to the compiled one runs by zero-filled shared-memory columns and predicated stores.
+// Backward of the sm80 backend: the FlashAttention-2 algorithm (Dao 2023, Alg. 2) written with CuTe, in the
+// style of the forward (fwd_kernel.cuh, whose tile helpers, sequence info and mask policies it reuses).
+//   1. preprocess: D = rowsum(dO * O) per (query head, row) in fp32 (the dQ workspace is zeroed by a memset).
+//   2. main (dkdv_kernel): grid = key blocks x query heads x batch. K/V of the block sit in shared memory and
+//      dK/dV in registers while the CTA walks the query blocks that see the block (causal / window skipping),
+//      Q and dO double-buffered with cp.async. Per step S = Q.K^T and dP = dO.V^T stay in registers;
+//      P = exp2(S * scale_log2 - LSE * log2 e) and dS = P (dP - D) (times the softcap derivative) are formed
+//      there, rounded to the storage dtype and written to shared memory once, because the three GEMMs that
+//      read them want other warp tilings: dV += P^T.dO, dK += dS^T.Q (P^T, dS^T, dO^T, Q^T through
+//      ldmatrix.trans) and dQ = dS.K, whose fp32 tile is added to the workspace (atomics, or plain adds by the
+//      split's one owner when deterministic).
+//   3. postprocess: dQ splits summed in order, times the softmax scale -> output dtype; GQA: the per-query-head
+//      fp32 dK/dV summed over each group in a fixed order -> output dtype.
+// The softmax scale is factored out of dS (applied once to dK and dQ at the end), as FA2 does. Head dims below
+// the compiled one are zero-filled shared-memory columns (they add nothing) and predicated stores.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "cuda/sm80/bwd_params.hpp"
+#include "cuda/sm80/fwd_kernel.cuh"
+#include "cuda/sm80/fwd_launch.cuh"
 #include "cuda/sm80/tiles.hpp"
 
 namespace flashattn::cuda::sm80 {
 namespace bwd {
 
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): the forward's LSE is a natural log
+
+template <typename Element_, int kHeadDim_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTiles.block_q;
+  static constexpr int kBlockN = kTiles.block_k;
+  static constexpr int kWarps = kTiles.warps;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kStagesQ = 2;
+  static constexpr int kStagesdO = kTiles.do_stages;
+  static_assert(kHeadDim % 32 == 0, "compiled head dims are multiples of 32 (smaller dims are predicated)");
+  static_assert(kStagesdO == 1 || kStagesdO == 2);
+
+  using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, SM80_16x8x16_F32F16F16F32_TN,
+                                   SM80_16x8x16_F32BF16BF16F32_TN>;
+  // A warp grid of kRowWarps x (kWarps / kRowWarps); each warp's share of a tile is 16 x 16 (two 16x8 atoms
+  // along N, so that one ldmatrix.x4 feeds the B operand).
+  template <int kRowWarps>
+  using Mma = TiledMMA<MMA_Atom<MmaOp>, Layout<Shape<Int<kRowWarps>, Int<kWarps / kRowWarps>, _1>>,
+                       Tile<Int<16 * kRowWarps>, Int<16 * (kWarps / kRowWarps)>, _16>>;
+  using MmaSdP = Mma<kTiles.sdp_warps_m>;  // (query rows, keys)
+  using MmadKV = Mma<kTiles.dkv_warps_n>;  // (keys, head dim)
+  using MmadQ = Mma<kTiles.dq_warps_m>;    // (query rows, head dim)
+
+  // XOR-swizzled rows of 64-element (128-byte) chunks, 32 where the width is not a multiple of 64: conflict-free
+  // 128-bit cp.async stores and ldmatrix / ldmatrix.trans reads (see FwdTraits).
+  template <int kCols>
+  static constexpr auto smem_atom() {
+    constexpr int kChunk = kCols % 64 == 0 ? 64 : 32;
+    return composition(Swizzle<kChunk == 64 ? 3 : 2, 3, 3>{},
+                       Layout<Shape<_8, Int<kChunk>>, Stride<Int<kChunk>, _1>>{});
+  }
+  using SmemLayoutQ = decltype(tile_to_shape(smem_atom<kHeadDim>(), Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(smem_atom<kHeadDim>(), Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutPdS = decltype(tile_to_shape(smem_atom<kBlockN>(), Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  // The same bytes read transposed (ldmatrix.trans): Q^T / dO^T (d, rows), K^T (d, keys), P^T / dS^T (keys, rows).
+  using SmemLayoutQt =
+      decltype(composition(SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, GenRowMajor{})));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutPdSt =
+      decltype(composition(SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
+
+  static constexpr int kQElems = int(size(SmemLayoutQ{}));
+  static constexpr int kKVElems = int(size(SmemLayoutKV{}));
+  static constexpr int kPdSElems = int(size(SmemLayoutPdS{}));
+  static constexpr int kSmemElems = (kStagesQ + kStagesdO) * kQElems + 2 * kKVElems + 2 * kPdSElems;
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
+
+  static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
+  static constexpr int kThreadsPerRow = (kHeadDim % 64 == 0 ? 64 : 32) / kVecElems;
+  static_assert(kThreads % kThreadsPerRow == 0);
+  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
+  using GmemVec = Layout<Shape<_1, Int<kVecElems>>>;
+  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+                                            GmemThreads{}, GmemVec{}));
+  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
+                                             GmemVec{}));
+  using LdsmN = Copy_Atom<SM75_U32x4_LDSM_N, Element>;  // operand stored K-major
+  using LdsmT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;  // operand stored M/N-major: ldmatrix.trans
+  using SmemStoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+};
+
+// ------------------------------------------------------------------------------------------- sequences, masks
+// The forward's SeqInfo plus the keys stored for the sequence: keys past seqused_k get zero gradients.
+struct BwdSeq : SeqInfo {
+  int rows_k;
+  int64_t q_row0, k_row0;  // global row of the first query / key (fp32 workspace rows)
+  __device__ BwdSeq(const BwdParams& p, int b) : SeqInfo(p, b) {
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    rows_k = varlen ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.seqlen_k;
+    len_k = min(len_k, rows_k);
+    q_row0 = varlen ? int64_t(q_start) : int64_t(b) * p.seqlen_q;
+    k_row0 = varlen ? int64_t(k_start) : int64_t(b) * p.seqlen_k;
+  }
+};
+
+struct RowRange {
+  int lo, hi;  // query rows [lo, hi)
+};
+// Query rows that see at least one key of [n0, n0 + block_n) (block skipping of the backward's loop).
+__device__ inline RowRange query_rows(const KeyLengthMask& m, const SeqInfo& s, int n0, int /*block_n*/) {
+  return n0 < m.len_k ? RowRange{0, s.len_q} : RowRange{0, 0};
+}
+__device__ inline RowRange query_rows(const WindowMask& m, const SeqInfo& s, int n0, int block_n) {
+  if (n0 >= m.len_k) return {0, 0};
+  const int last_key = min(n0 + block_n, m.len_k) - 1;
+  const int lo = m.right >= 0 ? max(0, n0 - m.diag_off - m.right) : 0;
+  const int hi = m.left >= 0 ? min(s.len_q, last_key - m.diag_off + m.left + 1) : s.len_q;
+  return {lo, max(lo, hi)};
+}
+
+// Tile of the dQ workspace that holds query block m_block of this sequence (see BwdParams::dq_acc).
+__device__ inline float* dq_tile(const BwdParams& p, const BwdSeq& s, int split, int head, int batch, int m_block,
+                                 int block_m) {
+  const int64_t blk = (s.q_row0 + int64_t(batch) * block_m) / block_m + m_block;
+  return p.dq_acc + ((int64_t(split) * p.heads_q + head) * p.dq_blocks + blk) * p.dq_tile;
+}
+
+// Order of a dQ tile in the workspace: element i of thread t of the dQ MMA sits at
+// ((i / kDqVec) * threads + t) * kDqVec + i % kDqVec, so that a warp's kDqVec-wide adds cover 32 * kDqVec
+// consecutive floats. sm90 adds 4 floats per instruction (red.global.add.v4.f32: a quarter of the L2 atomic
+// transactions); sm80 has only scalar float reductions, for which kDqVec = 1 keeps each warp-wide add on 32
+// consecutive floats. Main and postprocess kernels are compiled for the same architecture, so they agree.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kDqVec = 4;
+#else
+constexpr int kDqVec = 1;
+#endif
+template <int kThreads>
+__device__ __forceinline__ int dq_index(int i, int tid) {
+  return ((i / kDqVec) * kThreads + tid) * kDqVec + i % kDqVec;
+}
+
+// Adds kDqVec consecutive accumulators to dst[0 .. kDqVec).
+__device__ __forceinline__ void dq_reduce(float* dst, const float* v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+               : "memory");
+#else
+  atomicAdd(dst, v[0]);
+#endif
+}
+
+// Converts an fp32 accumulator tile, stages it through swizzled shared memory and writes rows [0, rows) x
+// columns [0, cols) with 128-bit stores. The caller makes sure nobody still reads `smem`.
+template <class Tr, int kRows, class SmemLayout, class Mma, class Acc, class GTensor>
+__device__ void store_tile(const Acc& acc, const Mma& mma, typename Tr::Element* smem, GTensor&& gdst, int rows,
+                           int cols) {
+  using Element = typename Tr::Element;
+  const int tid = int(threadIdx.x);
+  Tensor staged = make_tensor(make_smem_ptr(smem), SmemLayout{});
+  Tensor frag = convert_fragment<Element>(acc);
+  auto smem_store = make_tiled_copy_C(typename Tr::SmemStoreC{}, mma);
+  auto smem_thr = smem_store.get_thread_slice(tid);
+  cute::copy(smem_store, smem_thr.retile_S(frag), smem_thr.partition_D(staged));
+  __syncthreads();
+  typename Tr::GmemStore gmem_store;
+  auto gthr = gmem_store.get_thread_slice(tid);
+  Tensor ts = gthr.partition_S(staged);
+  Tensor tg = gthr.partition_D(gdst);
+  Tensor tc = gthr.partition_D(make_identity_tensor(Shape<Int<kRows>, Int<Tr::kHeadDim>>{}));
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tg); ++m) {
+    if (get<0>(tc(0, m, 0)) >= rows) continue;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tg); ++k)
+      if (get<1>(tc(0, m, k)) < cols) cute::copy(gmem_store, ts(_, m, k), tg(_, m, k));
+  }
+}
+
+// GQA: an fp32 accumulator tile (keys, head dim) written unconverted to the per-query-head workspace.
+template <class Acc, class Coord>
+__device__ void store_fp32(const Acc& acc, const Coord& coord, float* dst, int64_t row_stride, int rows, int cols) {
+  static_assert(decltype(size(acc))::value % 2 == 0);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {  // accumulator elements 2i, 2i+1 are adjacent columns of one row
+    const int r = get<0>(coord(i)), c = get<1>(coord(i));
+    if (r < rows && c < cols) *reinterpret_cast<float2*>(dst + int64_t(r) * row_stride + c) = make_float2(acc(i), acc(i + 1));
+  }
+}
+
+// ------------------------------------------------------------------------------------------- main kernel
+// kScoreMods: softcap and/or ALiBi present (a separate instantiation, as in the forward, keeps their registers
+// out of the plain kernel). kDeterministic: grid.x = dq_splits CTAs per (head, batch) walk the key blocks with
+// that stride and own their dQ split (plain adds); otherwise one key block per CTA and dQ atomics.
+template <class Tr, class Mask, bool kScoreMods, bool kDeterministic>
+__global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_constant__ BwdParams p) {
+  using Element = typename Tr::Element;
+  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
+  extern __shared__ __align__(128) char smem_raw[];
+  const int tid = int(threadIdx.x);
+  const int head = int(blockIdx.y), batch = int(blockIdx.z), kv_head = head / p.group;
+  const BwdSeq seq(p, batch);
+  const Mask mask(p, seq);
+  const int split = kDeterministic ? int(blockIdx.x) : 0;
+
+  // ---- global tensors of this (batch, head)
+  const int64_t bq = p.cu_seqlens_q ? int64_t(seq.q_start) * p.q_row : int64_t(batch) * p.q_batch;
+  const int64_t bdo = p.cu_seqlens_q ? int64_t(seq.q_start) * p.do_row : int64_t(batch) * p.do_batch;
+  const int64_t bk = p.cu_seqlens_k ? int64_t(seq.k_start) * p.k_row : int64_t(batch) * p.k_batch;
+  const int64_t bv = p.cu_seqlens_k ? int64_t(seq.k_start) * p.v_row : int64_t(batch) * p.v_batch;
+  const int64_t blse = p.cu_seqlens_q ? int64_t(seq.q_start) * p.lse_row : int64_t(batch) * p.lse_batch;
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.q) + bq + head * p.q_head),
+                          make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.q_row, _1{}));
+  Tensor mdO = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.dout) + bdo + head * p.do_head),
+                           make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.do_row, _1{}));
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.k) + bk + kv_head * p.k_head),
+                          make_shape(seq.rows_k, Int<kHeadDim>{}), make_stride(p.k_row, _1{}));
+  Tensor mV = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.v) + bv + kv_head * p.v_head),
+                          make_shape(seq.rows_k, Int<kHeadDim>{}), make_stride(p.v_row, _1{}));
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, 0));  // (M, D, m_blocks)
+  Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, 0));
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (N, D, n_blocks)
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  const float* lse_ptr = p.lse + blse + int64_t(head) * p.lse_head;
+  const float* dsum_ptr = p.dsum + int64_t(head) * p.rows_q + seq.q_row0;
+
+  // ---- shared memory: Q[kStagesQ] | dO[kStagesdO] | K | V | P | dS
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  Element* smem_q = smem;
+  Element* smem_do = smem_q + Tr::kStagesQ * Tr::kQElems;
+  Element* smem_k = smem_do + Tr::kStagesdO * Tr::kQElems;
+  Element* smem_v = smem_k + Tr::kKVElems;
+  Element* smem_p = smem_v + Tr::kKVElems;
+  Element* smem_ds = smem_p + Tr::kPdSElems;
+  auto sQ = [&](int stage) { return make_tensor(make_smem_ptr(smem_q + stage * Tr::kQElems), typename Tr::SmemLayoutQ{}); };
+  auto sQt = [&](int stage) { return make_tensor(make_smem_ptr(smem_q + stage * Tr::kQElems), typename Tr::SmemLayoutQt{}); };
+  auto sdO = [&](int stage) { return make_tensor(make_smem_ptr(smem_do + stage * Tr::kQElems), typename Tr::SmemLayoutQ{}); };
+  auto sdOt = [&](int stage) { return make_tensor(make_smem_ptr(smem_do + stage * Tr::kQElems), typename Tr::SmemLayoutQt{}); };
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Tr::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename Tr::SmemLayoutKt{});
+  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Tr::SmemLayoutKV{});
+  Tensor sP = make_tensor(make_smem_ptr(smem_p), typename Tr::SmemLayoutPdS{});
+  Tensor sPt = make_tensor(make_smem_ptr(smem_p), typename Tr::SmemLayoutPdSt{});
+  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Tr::SmemLayoutPdS{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename Tr::SmemLayoutPdSt{});
+
+  typename Tr::GmemLoad gmem_load;
+  auto gthr = gmem_load.get_thread_slice(tid);
+  Tensor tQg = gthr.partition_S(gQ);  // (CPY, CPY_M, CPY_D, m_blocks)
+  Tensor tdOg = gthr.partition_S(gdO);
+  Tensor tKg = gthr.partition_S(gK);
+  Tensor tVg = gthr.partition_S(gV);
+  Tensor tKs = gthr.partition_D(sK);
+  Tensor tVs = gthr.partition_D(sV);
+  Tensor tQc = gthr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tKc = gthr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+
+  // ---- MMAs and their shared-memory operand copies
+  typename Tr::MmaSdP mma_sdp;
+  typename Tr::MmadKV mma_dkv;
+  typename Tr::MmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+
+  // S = Q.K^T, dP = dO.V^T
+  Tensor rQ = thr_sdp.partition_fragment_A(sQ(0));
+  Tensor rK = thr_sdp.partition_fragment_B(sK);
+  Tensor rdO = thr_sdp.partition_fragment_A(sdO(0));
+  Tensor rV = thr_sdp.partition_fragment_B(sV);
+  auto copy_sdp_a = make_tiled_copy_A(typename Tr::LdsmN{}, mma_sdp);
+  auto copy_sdp_a_thr = copy_sdp_a.get_thread_slice(tid);
+  auto copy_sdp_b = make_tiled_copy_B(typename Tr::LdsmN{}, mma_sdp);
+  auto copy_sdp_b_thr = copy_sdp_b.get_thread_slice(tid);
+  Tensor tSsK = copy_sdp_b_thr.partition_S(sK);
+  Tensor tdPsV = copy_sdp_b_thr.partition_S(sV);
+  // dV += P^T.dO, dK += dS^T.Q: every operand transposed
+  Tensor rPt = thr_dkv.partition_fragment_A(sPt);
+  Tensor rdSt = thr_dkv.partition_fragment_A(sdSt);
+  Tensor rdOt = thr_dkv.partition_fragment_B(sdOt(0));
+  Tensor rQt = thr_dkv.partition_fragment_B(sQt(0));
+  auto copy_dkv_a = make_tiled_copy_A(typename Tr::LdsmT{}, mma_dkv);
+  auto copy_dkv_a_thr = copy_dkv_a.get_thread_slice(tid);
+  auto copy_dkv_b = make_tiled_copy_B(typename Tr::LdsmT{}, mma_dkv);
+  auto copy_dkv_b_thr = copy_dkv_b.get_thread_slice(tid);
+  Tensor tdVsPt = copy_dkv_a_thr.partition_S(sPt);
+  Tensor tdKsdSt = copy_dkv_a_thr.partition_S(sdSt);
+  // dQ = dS.K: dS as stored, K transposed
+  Tensor rdS = thr_dq.partition_fragment_A(sdS);
+  Tensor rKt = thr_dq.partition_fragment_B(sKt);
+  auto copy_dq_a = make_tiled_copy_A(typename Tr::LdsmN{}, mma_dq);
+  auto copy_dq_a_thr = copy_dq_a.get_thread_slice(tid);
+  auto copy_dq_b = make_tiled_copy_B(typename Tr::LdsmT{}, mma_dq);
+  auto copy_dq_b_thr = copy_dq_b.get_thread_slice(tid);
+  Tensor tdQsdS = copy_dq_a_thr.partition_S(sdS);
+  Tensor tdQsKt = copy_dq_b_thr.partition_S(sKt);
+  // P and dS (accumulator layout of S/dP) -> shared memory
+  auto copy_pds = make_tiled_copy_C(typename Tr::SmemStoreC{}, mma_sdp);
+  auto copy_pds_thr = copy_pds.get_thread_slice(tid);
+  Tensor tPsP = copy_pds_thr.partition_D(sP);
+  Tensor tdSsdS = copy_pds_thr.partition_D(sdS);
+
+  // Coordinates of the S/dP accumulators within a (query block, key block) tile.
+  Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor cS_rc = make_tensor(cS.data(), acc_rows_cols(cS.layout()));
+  constexpr int kRows = decltype(size<0>(cS_rc))::value;
+  constexpr int kCols = decltype(size<1>(cS_rc))::value;
+
+  const float alibi_slope = kScoreMods && p.alibi != nullptr
+                                ? p.alibi[int64_t(batch) * p.alibi_batch_stride + head] / p.logit_scale
+                                : 0.f;
+  const int diag_off = p.bottom_right ? seq.len_k - seq.len_q : 0;  // query i sits at key i + diag_off
+  const int n_blocks = (seq.rows_k + kBlockN - 1) / kBlockN;
+
+  for (int n_block = int(blockIdx.x); n_block < n_blocks; n_block += int(gridDim.x)) {
+    const int n0 = n_block * kBlockN;
+    const RowRange rows = query_rows(mask, seq, n0, kBlockN);
+    const int m_lo = rows.lo / kBlockM, m_hi = (rows.hi + kBlockM - 1) / kBlockM;
+
+    Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    clear(acc_dk);
+    clear(acc_dv);
+
+    auto load_q_do = [&](int m_block, int q_stage, int do_stage, bool load_q, bool load_do) {
+      const int rows_valid = seq.len_q - m_block * kBlockM;
+      if (load_q)
+        load_tile<kBlockM, kHeadDim>(gmem_load, tQg(_, _, _, m_block), gthr.partition_D(sQ(q_stage)), tQc,
+                                     rows_valid, p.head_dim);
+      if (load_do)
+        load_tile<kBlockM, kHeadDim>(gmem_load, tdOg(_, _, _, m_block), gthr.partition_D(sdO(do_stage)), tQc,
+                                     rows_valid, p.head_dim_v);
+    };
+
+    if (m_lo < m_hi) {
+      const int keys_valid = seq.len_k - n0;
+      __syncthreads();  // the previous key block's epilogue is done with shared memory
+      load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n_block), tKs, tKc, keys_valid, p.head_dim);
+      load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n_block), tVs, tKc, keys_valid, p.head_dim_v);
+      load_q_do(m_lo, 0, 0, true, true);
+      cute::cp_async_fence();
+
+      for (int m_block = m_lo; m_block < m_hi; ++m_block) {
+        const int step = m_block - m_lo;
+        const int q_stage = step % Tr::kStagesQ, do_stage = step % Tr::kStagesdO;
+        const int m0 = m_block * kBlockM;
+        const bool has_next = m_block + 1 < m_hi;
+
+        // LSE and D of this thread's rows; rows past the sequence get LSE = +inf (P = 0), as do rows that saw
+        // no key in the forward (LSE = -inf there; their scores are all masked here too).
+        float lse_log2[kRows], dsum[kRows];
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const int row = m0 + get<0>(cS_rc(r, 0));
+          const float lse = row < seq.len_q ? lse_ptr[int64_t(row) * p.lse_row] : INFINITY;
+          lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+          dsum[r] = row < seq.len_q ? dsum_ptr[row] : 0.f;
+        }
+
+        cute::cp_async_wait<0>();
+        __syncthreads();  // Q(m), dO(m) (and K, V) landed; every warp is done with step m-1's buffers
+        if (has_next) {
+          // With one dO buffer the next dO waits until dV's GEMM has read this one.
+          load_q_do(m_block + 1, (step + 1) % Tr::kStagesQ, (step + 1) % Tr::kStagesdO, true, Tr::kStagesdO > 1);
+          cute::cp_async_fence();
+        }
+
+        Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        clear(acc_s);
+        clear(acc_dp);
+        gemm_smem_smem(acc_s, rQ, rK, copy_sdp_a_thr.partition_S(sQ(q_stage)), tSsK, mma_sdp, copy_sdp_a,
+                       copy_sdp_b, copy_sdp_a_thr, copy_sdp_b_thr);
+        gemm_smem_smem(acc_dp, rdO, rV, copy_sdp_a_thr.partition_S(sdO(do_stage)), tdPsV, mma_sdp, copy_sdp_a,
+                       copy_sdp_b, copy_sdp_a_thr, copy_sdp_b_thr);
+
+        // P and dS in place of S and dP.
+        Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
+        Tensor dp = make_tensor(acc_dp.data(), acc_rows_cols(acc_dp.layout()));
+        const bool needs_mask = mask.block_needs_mask(m0, min(kBlockM, seq.len_q - m0), n0, kBlockN);
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const int row = get<0>(cS_rc(r, 0));
+          ColRange visible{0, kBlockN};
+          if (needs_mask) {
+            const ColRange cr = mask.cols(m0 + row);
+            visible = {cr.lo - n0, cr.hi - n0};
+          }
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            const int col = get<1>(cS_rc(0, c));
+            float x = s(r, c);
+            float dscore = 1.f;  // d logit / d (scale * raw score): the softcap's tanh derivative
+            if constexpr (kScoreMods) {
+              if (p.softcap > 0.f) {
+                const float th = tanhf(x * p.softcap_in_scale);
+                x = p.softcap * th;
+                dscore = 1.f - th * th;
+              }
+              if (p.alibi != nullptr) x -= alibi_slope * float(abs(m0 + row + diag_off - n0 - col));
+            }
+            const bool live = col >= visible.lo && col < visible.hi;
+            const float prob = live ? fast_exp2(x * p.scale_log2 - lse_log2[r]) : 0.f;
+            s(r, c) = prob;
+            dp(r, c) = prob * (dp(r, c) - dsum[r]) * dscore;
+          }
+        }
+        Tensor probs = convert_fragment<Element>(acc_s);
+        Tensor dscores = convert_fragment<Element>(acc_dp);
+        cute::copy(copy_pds, copy_pds_thr.retile_S(probs), tPsP);
+        cute::copy(copy_pds, copy_pds_thr.retile_S(dscores), tdSsdS);
+        __syncthreads();  // P and dS complete
+
+        gemm_smem_smem(acc_dv, rPt, rdOt, tdVsPt, copy_dkv_b_thr.partition_S(sdOt(do_stage)), mma_dkv, copy_dkv_a,
+                       copy_dkv_b, copy_dkv_a_thr, copy_dkv_b_thr);
+        if (Tr::kStagesdO == 1 && has_next) {
+          __syncthreads();  // every warp's dV GEMM has read dO(m)
+          load_q_do(m_block + 1, 0, 0, false, true);
+          cute::cp_async_fence();
+        }
+
+        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        clear(acc_dq);
+        gemm_smem_smem(acc_dq, rdS, rKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b, copy_dq_a_thr,
+                       copy_dq_b_thr);
+        float* dq_dst = dq_tile(p, seq, split, head, batch, m_block, kBlockM);
+        static_assert(decltype(size(acc_dq))::value % kDqVec == 0);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += kDqVec) {
+          float v[kDqVec];
+          CUTE_UNROLL
+          for (int j = 0; j < kDqVec; ++j) v[j] = acc_dq(i + j);
+          float* dst = dq_dst + dq_index<Tr::kThreads>(i, tid);
+          if constexpr (kDeterministic) {  // this CTA is the split's only writer: a plain add keeps the order
+            CUTE_UNROLL
+            for (int j = 0; j < kDqVec; ++j) dst[j] += v[j];
+          } else {
+            dq_reduce(dst, v);
+          }
+        }
+
+        gemm_smem_smem(acc_dk, rdSt, rQt, tdKsdSt, copy_dkv_b_thr.partition_S(sQt(q_stage)), mma_dkv, copy_dkv_a,
+                       copy_dkv_b, copy_dkv_a_thr, copy_dkv_b_thr);
+      }
+    }
+
+    // ---- epilogue: every stored key row of the block (keys past seqused_k and keys no query sees get zeros)
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+    const int rows_out = min(kBlockN, seq.rows_k - n0);
+    __syncthreads();  // every warp is done reading K and V (dQ, dP GEMMs)
+    if (p.group == 1) {
+      const int64_t bdk = p.cu_seqlens_k ? int64_t(seq.k_start) * p.dk_row : int64_t(batch) * p.dk_batch;
+      const int64_t bdv = p.cu_seqlens_k ? int64_t(seq.k_start) * p.dv_row : int64_t(batch) * p.dv_batch;
+      Tensor mdK = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dk) + bdk + head * p.dk_head),
+                               make_shape(seq.rows_k, Int<kHeadDim>{}), make_stride(p.dk_row, _1{}));
+      Tensor mdV = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dv) + bdv + head * p.dv_head),
+                               make_shape(seq.rows_k, Int<kHeadDim>{}), make_stride(p.dv_row, _1{}));
+      store_tile<Tr, kBlockN, typename Tr::SmemLayoutKV>(
+          acc_dk, mma_dkv, smem_k, local_tile(mdK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0)),
+          rows_out, p.head_dim);
+      store_tile<Tr, kBlockN, typename Tr::SmemLayoutKV>(
+          acc_dv, mma_dkv, smem_v, local_tile(mdV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0)),
+          rows_out, p.head_dim_v);
+    } else {
+      Tensor cKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+      const int64_t row0 = int64_t(head) * p.rows_k + seq.k_row0 + n0;
+      store_fp32(acc_dk, cKV, p.dk_acc + row0 * p.head_dim, p.head_dim, rows_out, p.head_dim);
+      store_fp32(acc_dv, cKV, p.dv_acc + row0 * p.head_dim_v, p.head_dim_v, rows_out, p.head_dim_v);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------- dQ postprocess
+// One CTA per (query block, head, batch), same thread count and dQ MMA as the main kernel (so each thread reads
+// back the elements it would have held): sum the splits in order, apply the softmax scale, convert, store.
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads) dq_convert_kernel(const __grid_constant__ BwdParams p) {
+  using Element = typename Tr::Element;
+  constexpr int kBlockM = Tr::kBlockM, kHeadDim = Tr::kHeadDim;
+  extern __shared__ __align__(128) char smem_raw[];
+  const int m_block = int(blockIdx.x), head = int(blockIdx.y), batch = int(blockIdx.z), tid = int(threadIdx.x);
+  const BwdSeq seq(p, batch);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= seq.len_q) return;
+
+  typename Tr::MmadQ mma_dq;
+  Tensor acc = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  clear(acc);
+  for (int split = 0; split < p.dq_splits; ++split) {
+    const float* src = dq_tile(p, seq, split, head, batch, m_block, kBlockM);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) acc(i) += src[dq_index<Tr::kThreads>(i, tid)];
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) acc(i) *= p.scale;
+
+  const int64_t bdq = p.cu_seqlens_q ? int64_t(seq.q_start) * p.dq_row : int64_t(batch) * p.dq_batch;
+  Tensor mdQ = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dq) + bdq + head * p.dq_head),
+                           make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.dq_row, _1{}));
+  store_tile<Tr, kBlockM, typename Tr::SmemLayoutQ>(
+      acc, mma_dq, reinterpret_cast<Element*>(smem_raw),
+      local_tile(mdQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0)), seq.len_q - m0, p.head_dim);
+}
+
+// ------------------------------------------------------------------------------------------- pre/postprocess
 template <fa_dtype>
 struct Native;
 template <>
@@ -48,423 +529,15 @@ struct Native<FA_BFLOAT16> {
 };
 
 constexpr int kWarpSize = 32;
-constexpr int kVecElems = 8;  // one 16-byte vector of fp16/bf16 (pointers and strides are 16-byte aligned)
-
-// 8 floats -> one 16-byte vector of the storage dtype.
-template <fa_dtype kDtype>
-__device__ inline uint4 pack8(const float* f) {
-  using N = Native<kDtype>;
-  uint4 v;
-  auto* pairs = reinterpret_cast<typename N::T2*>(&v);
-#pragma unroll
-  for (int e = 0; e < kVecElems / 2; ++e) pairs[e] = N::from_float2(f[2 * e], f[2 * e + 1]);
-  return v;
-}
-// One sequence of the batch: row ranges (global rows index the fp32 workspace), key length after seqused_k,
-// and the diagonal offset of the masks.
-struct SeqInfo {
-  int64_t q_row0 = 0, k_row0 = 0;  // global row of the sequence's first query / key
-  int len_q = 0, len_k = 0;        // len_k: keys used (seqused_k), the only keys that get gradient
-  int rows_k = 0;                  // keys stored for the sequence (>= len_k); gradients written for all
-  int off = 0;                     // mask diagonal: query i sits at key i + off
-  bool varlen = false;
-  int b = 0;
-  __device__ SeqInfo(const BwdParams& p, int batch) : b(batch) {
-    varlen = p.cu_seqlens_q != nullptr;
-    if (varlen) {
-      q_row0 = p.cu_seqlens_q[b];
-      len_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-      k_row0 = p.cu_seqlens_k[b];
-      rows_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-    } else {
-      q_row0 = int64_t(b) * p.seqlen_q;
-      len_q = p.seqlen_q;
-      k_row0 = int64_t(b) * p.seqlen_k;
-      rows_k = p.seqlen_k;
-    }
-    len_k = p.seqused_k != nullptr ? min(p.seqused_k[b], rows_k) : rows_k;
-    off = p.bottom_right ? len_k - len_q : 0;
-  }
-  // Element offset of row r (of this sequence) of head h in a tensor with these strides.
-  __device__ int64_t q_offset(int64_t batch_stride, int64_t row_stride, int64_t head_stride, int r, int h) const {
-    return varlen ? (q_row0 + r) * row_stride + int64_t(h) * head_stride
-                  : int64_t(b) * batch_stride + int64_t(r) * row_stride + int64_t(h) * head_stride;
-  }
-  __device__ int64_t k_offset(int64_t batch_stride, int64_t row_stride, int64_t head_stride, int r, int h) const {
-    return varlen ? (k_row0 + r) * row_stride + int64_t(h) * head_stride
-                  : int64_t(b) * batch_stride + int64_t(r) * row_stride + int64_t(h) * head_stride;
-  }
-};
-
-// Mask policy: which (query i, key j) pairs of a sequence are visible (keys past seqused_k never are), and the
-// query/key ranges a block can see (block skipping for causal and sliding windows).
-struct Visibility {
-  int len_q, len_k, off, left, right;  // left/right < 0: unbounded side
-  __device__ Visibility(const BwdParams& p, const SeqInfo& s)
-      : len_q(s.len_q), len_k(s.len_k), off(s.off), left(p.has_window ? p.window_left : -1),
-        right(p.has_window ? p.window_right : -1) {}
-  __device__ bool operator()(int i, int j) const {
-    if (i >= len_q || j >= len_k) return false;
-    const int diag = i + off;
-    return (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right);
-  }
-  // Query rows [begin, end) that see at least one key of [n0, n0 + block_n).
-  __device__ int2 query_range(int n0, int block_n) const {
-    int begin = 0, end = len_q;
-    if (n0 >= len_k) return make_int2(0, 0);
-    if (right >= 0) begin = max(begin, n0 - off - right);
-    if (left >= 0) end = min(end, n0 + block_n - 1 - off + left + 1);
-    return make_int2(begin, max(begin, end));
-  }
-  // Keys [begin, end) that rows [m0, m0 + rows) can see.
-  __device__ int2 key_range(int m0, int rows) const {
-    int begin = 0, end = len_k;
-    if (left >= 0) begin = max(begin, m0 + off - left);
-    if (right >= 0) end = min(end, m0 + rows - 1 + off + right + 1);
-    return make_int2(begin, max(begin, end));
-  }
-};
-
-// Copies rows [0, rows_valid) x columns [0, cols_valid) of a global tile into shared memory (pitch kPitch) in
-// 16-byte vectors; everything else (rows past the sequence, columns past the head dim) becomes zero, so the dot
-// products over the compiled head dim need no predicates.
-template <class Tr, int kRows, class T>
-__device__ void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_valid, int cols_valid) {
-  constexpr int kChunks = (Tr::kPitch - kVecElems) / kVecElems;
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += Tr::kThreads) {
-    const int r = idx / kChunks, ch = idx % kChunks;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < rows_valid && ch * kVecElems < cols_valid)
-      v = *reinterpret_cast<const uint4*>(gmem + int64_t(r) * row_stride + ch * kVecElems);
-    *reinterpret_cast<uint4*>(smem + r * Tr::kPitch + ch * kVecElems) = v;
-  }
-}
-
-// Loads LSE and D of query rows [m0, m0 + kBlockM); rows past the sequence get LSE = -inf (P = 0).
-template <class Tr>
-__device__ void load_row_stats(const BwdParams& p, const SeqInfo& s, int h, int m0, float* lse, float* dsum) {
-  for (int r = threadIdx.x; r < Tr::kBlockM; r += Tr::kThreads) {
-    const int i = m0 + r;
-    const bool valid = i < s.len_q;
-    lse[r] = valid ? p.lse[s.q_offset(p.lse_batch, p.lse_row, p.lse_head, i, h)] : -INFINITY;
-    dsum[r] = valid ? p.dsum[int64_t(h) * p.rows_q + s.q_row0 + i] : 0.f;
-  }
-}
-
-__device__ inline float alibi_slope(const BwdParams& p, int b, int h) {
-  return p.alibi != nullptr ? p.alibi[int64_t(b) * p.alibi_batch_stride + h] : 0.f;
-}
-
-namespace wmma = nvcuda::wmma;
-constexpr int kFrag = 16;
-
-template <int kHeadDim>
-struct Traits {
-  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim);
-  static constexpr int kBlockM = kTiles.block_q;
-  static constexpr int kBlockN = kTiles.block_k;
-  static constexpr int kThreads = kTiles.threads;
-  static constexpr int kWarps = kThreads / kWarpSize;
-  static constexpr int kPitch = kHeadDim + kVecElems;       // storage-dtype tiles (multiple of 8: wmma ldm rule)
-  static constexpr int kScorePitch = kBlockN + 4;           // fp32 S / dP (multiple of 4: wmma ldm rule)
-  static constexpr int kProbPitch = kBlockN + kVecElems;    // storage-dtype P / dS
-  static constexpr int kAccPitch = kHeadDim + 4;            // fp32 staging of dQ / dK / dV fragments
-  static constexpr int kScoreJobs = 2 * (kBlockM / kFrag) * (kBlockN / kFrag);  // S and dP output fragments
-  static constexpr int kKeyTiles = (kBlockN / kFrag) * (kHeadDim / kFrag);      // dK or dV fragments of a CTA
-  static constexpr int kKeyTilesPerWarp = kKeyTiles / kWarps;
-  static constexpr int kRowTiles = (kBlockM / kFrag) * (kHeadDim / kFrag);      // dQ fragments of a CTA
-  static constexpr int kRowTilesPerWarp = kRowTiles / kWarps;
-  static_assert(kKeyTiles % kWarps == 0 && kRowTiles % kWarps == 0, "fragments must split evenly over warps");
-  static_assert(kBlockM == kBlockN, "dK/dV are staged in the dQ staging area (kBlockM rows)");
-  static constexpr int kFloatRegion = 2 * kBlockM * kScorePitch > kBlockM * kAccPitch ? 2 * kBlockM * kScorePitch
-                                                                                      : kBlockM * kAccPitch;
-  static constexpr int kSmemBytes = (2 * kBlockM + 2 * kBlockN) * kPitch * 2 + 2 * kBlockM * kProbPitch * 2 +
-                                    kFloatRegion * 4 + 2 * kBlockM * 4;
-};
-
-template <class T, int kHeadDim>
-struct Smem {
-  using Tr = Traits<kHeadDim>;
-  T* q;
-  T* dout;
-  T* k;
-  T* v;
-  T* p;        // [kBlockM][kProbPitch] probabilities (storage dtype)
-  T* ds;       // [kBlockM][kProbPitch] raw-score gradients (storage dtype)
-  float* s;    // [kBlockM][kScorePitch] raw scores Q.K^T
-  float* dp;   // [kBlockM][kScorePitch] dO.V^T
-  float* acc;  // [kBlockM][kAccPitch] fragment staging; aliases s/dp (used only after they are consumed)
-  float* lse;
-  float* dsum;
-  __device__ explicit Smem(unsigned char* base) {
-    q = reinterpret_cast<T*>(base);
-    dout = q + Tr::kBlockM * Tr::kPitch;
-    k = dout + Tr::kBlockM * Tr::kPitch;
-    v = k + Tr::kBlockN * Tr::kPitch;
-    p = v + Tr::kBlockN * Tr::kPitch;
-    ds = p + Tr::kBlockM * Tr::kProbPitch;
-    s = reinterpret_cast<float*>(ds + Tr::kBlockM * Tr::kProbPitch);
-    dp = s + Tr::kBlockM * Tr::kScorePitch;
-    acc = s;
-    lse = s + Tr::kFloatRegion;
-    dsum = lse + Tr::kBlockM;
-  }
-};
-
-template <class T>
-using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, wmma::row_major>;
-template <class T>
-using FragAT = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, wmma::col_major>;
-template <class T>
-using FragB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::row_major>;
-template <class T>
-using FragBT = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
-
-// S = Q K^T and dP = dO V^T of the step into fp32 shared memory (one 16x16 output fragment per job).
-template <class T, int kHeadDim>
-__device__ void mma_scores(const Smem<T, kHeadDim>& sm) {
-  using Tr = Traits<kHeadDim>;
-  constexpr int kTilesN = Tr::kBlockN / kFrag, kPerMatrix = Tr::kScoreJobs / 2;
-  for (int job = threadIdx.x / kWarpSize; job < Tr::kScoreJobs; job += Tr::kWarps) {
-    const bool is_dp = job >= kPerMatrix;
-    const int tile = job % kPerMatrix, tm = tile / kTilesN, tn = tile % kTilesN;
-    const T* a = (is_dp ? sm.dout : sm.q) + tm * kFrag * Tr::kPitch;
-    const T* b = (is_dp ? sm.v : sm.k) + tn * kFrag * Tr::kPitch;
-    FragC c;
-    wmma::fill_fragment(c, 0.f);
-#pragma unroll 4
-    for (int kk = 0; kk < kHeadDim; kk += kFrag) {
-      FragA<T> fa;
-      FragBT<T> fb;  // K^T (V^T): K rows read as a column-major B operand
-      wmma::load_matrix_sync(fa, a + kk, Tr::kPitch);
-      wmma::load_matrix_sync(fb, b + kk, Tr::kPitch);
-      wmma::mma_sync(c, fa, fb, c);
-    }
-    wmma::store_matrix_sync((is_dp ? sm.dp : sm.s) + tm * kFrag * Tr::kScorePitch + tn * kFrag, c, Tr::kScorePitch,
-                            wmma::mem_row_major);
-  }
-}
-
-// P and dS from S, dP, LSE and D (same math as scores_and_grads), rounded to the storage dtype.
-template <fa_dtype kDtype, int kHeadDim>
-__device__ void mma_probs(const BwdParams& p, const SeqInfo& s, const Visibility& vis, float slope, int m0, int n0,
-                          const Smem<typename Native<kDtype>::T, kHeadDim>& sm) {
-  using Tr = Traits<kHeadDim>;
-  using T = typename Native<kDtype>::T;
-  for (int idx = threadIdx.x; idx < Tr::kBlockM * Tr::kBlockN; idx += Tr::kThreads) {
-    const int r = idx / Tr::kBlockN, jl = idx % Tr::kBlockN, i = m0 + r, j = n0 + jl;
-    const float raw = sm.s[r * Tr::kScorePitch + jl], lse = sm.lse[r];
-    float logit, dlogit;
-    if (p.softcap > 0.f) {
-      const float th = tanhf(raw * p.softcap_in_scale);
-      logit = p.softcap * th;
-      dlogit = p.scale * (1.f - th * th);
-    } else {
-      logit = raw * p.scale;
-      dlogit = p.scale;
-    }
-    logit -= slope * fabsf(float(i + s.off - j));
-    const bool live = vis(i, j) && lse != -INFINITY;
-    const float prob = live ? expf(logit - lse) : 0.f;
-    const float ds = prob != 0.f ? prob * (sm.dp[r * Tr::kScorePitch + jl] - sm.dsum[r]) * dlogit : 0.f;
-    sm.p[r * Tr::kProbPitch + jl] = T(prob);
-    sm.ds[r * Tr::kProbPitch + jl] = T(ds);
-  }
-}
-
-// acc (rows x kHeadDim output, fragments tile = warp + kWarps * x) += A(rows x inner) * B(inner x kHeadDim), A
-// read transposed (col-major) when kTransposeA. Used for dV += P^T dO, dK += dS^T Q, dQ += dS K.
-template <class T, int kHeadDim, bool kTransposeA, int kTiles, int kInner>
-__device__ void mma_accumulate(FragC (&acc)[kTiles], const T* a, int lda, const T* b) {
-  using Tr = Traits<kHeadDim>;
-  constexpr int kTilesC = kHeadDim / kFrag;
-  const int warp = threadIdx.x / kWarpSize;
-#pragma unroll
-  for (int x = 0; x < kTiles; ++x) {
-    const int tile = warp + Tr::kWarps * x, tr = tile / kTilesC, tc = tile % kTilesC;
-#pragma unroll
-    for (int kk = 0; kk < kInner; kk += kFrag) {
-      FragB<T> fb;
-      wmma::load_matrix_sync(fb, b + kk * Tr::kPitch + tc * kFrag, Tr::kPitch);
-      if constexpr (kTransposeA) {
-        FragAT<T> fa;  // element (row, kk) of A^T lives at a[kk * lda + row]
-        wmma::load_matrix_sync(fa, a + kk * lda + tr * kFrag, lda);
-        wmma::mma_sync(acc[x], fa, fb, acc[x]);
-      } else {
-        FragA<T> fa;
-        wmma::load_matrix_sync(fa, a + tr * kFrag * lda + kk, lda);
-        wmma::mma_sync(acc[x], fa, fb, acc[x]);
-      }
-    }
-  }
-}
-
-// Stages fragments into sm.acc (fp32, row-major kBlockM x kHeadDim).
-template <class T, int kHeadDim, int kTiles>
-__device__ void stage_fragments(const Smem<T, kHeadDim>& sm, const FragC (&acc)[kTiles]) {
-  using Tr = Traits<kHeadDim>;
-  constexpr int kTilesC = kHeadDim / kFrag;
-  const int warp = threadIdx.x / kWarpSize;
-#pragma unroll
-  for (int x = 0; x < kTiles; ++x) {
-    const int tile = warp + Tr::kWarps * x, tr = tile / kTilesC, tc = tile % kTilesC;
-    wmma::store_matrix_sync(sm.acc + tr * kFrag * Tr::kAccPitch + tc * kFrag, acc[x], Tr::kAccPitch,
-                            wmma::mem_row_major);
-  }
-}
-
-// Writes staged rows [0, rows) x columns [0, cols) to a storage-dtype tensor (row pointer by row index) or
-// to an fp32 buffer, in 8-element chunks.
-template <fa_dtype kDtype, int kHeadDim, class RowPtr>
-__device__ void write_staged(const float* staged, int rows, int cols, RowPtr row_ptr) {
-  using Tr = Traits<kHeadDim>;
-  constexpr int kChunks = kHeadDim / kVecElems;
-  for (int idx = threadIdx.x; idx < Tr::kBlockM * kChunks; idx += Tr::kThreads) {
-    const int r = idx / kChunks, c = (idx % kChunks) * kVecElems;
-    if (r < rows && c < cols) row_ptr(r, c, staged + r * Tr::kAccPitch + c);
-  }
-}
-
-template <fa_dtype kDtype, int kHeadDim, bool kAtomicDq>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dkdv_kernel(const BwdParams p) {
-  using Tr = Traits<kHeadDim>;
-  using T = typename Native<kDtype>::T;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const Smem<T, kHeadDim> sm(smem_raw);
-
-  const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
-  const SeqInfo s(p, b);
-  if (n0 >= s.rows_k) return;
-  const int hk = h / p.group;
-  const Visibility vis(p, s);
-  const float slope = alibi_slope(p, b, h);
-  load_tile<Tr, Tr::kBlockN>(sm.k, static_cast<const T*>(p.k) + s.k_offset(p.k_batch, p.k_row, p.k_head, n0, hk),
-                             p.k_row, s.len_k - n0, p.head_dim);
-  load_tile<Tr, Tr::kBlockN>(sm.v, static_cast<const T*>(p.v) + s.k_offset(p.v_batch, p.v_row, p.v_head, n0, hk),
-                             p.v_row, s.len_k - n0, p.head_dim_v);
-
-  FragC dk[Tr::kKeyTilesPerWarp], dv[Tr::kKeyTilesPerWarp];
-#pragma unroll
-  for (int x = 0; x < Tr::kKeyTilesPerWarp; ++x) {
-    wmma::fill_fragment(dk[x], 0.f);
-    wmma::fill_fragment(dv[x], 0.f);
-  }
-  const int2 rows = vis.query_range(n0, Tr::kBlockN);
-  for (int m0 = rows.x; m0 < rows.y; m0 += Tr::kBlockM) {
-    __syncthreads();  // the previous step's readers are done with every tile
-    load_tile<Tr, Tr::kBlockM>(sm.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
-                               p.q_row, s.len_q - m0, p.head_dim);
-    load_tile<Tr, Tr::kBlockM>(sm.dout,
-                               static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
-                               p.do_row, s.len_q - m0, p.head_dim_v);
-    load_row_stats<Tr>(p, s, h, m0, sm.lse, sm.dsum);
-    __syncthreads();
-    mma_scores<T, kHeadDim>(sm);
-    __syncthreads();
-    mma_probs<kDtype, kHeadDim>(p, s, vis, slope, m0, n0, sm);
-    __syncthreads();
-    mma_accumulate<T, kHeadDim, true, Tr::kKeyTilesPerWarp, Tr::kBlockM>(dv, sm.p, Tr::kProbPitch, sm.dout);
-    mma_accumulate<T, kHeadDim, true, Tr::kKeyTilesPerWarp, Tr::kBlockM>(dk, sm.ds, Tr::kProbPitch, sm.q);
-    if constexpr (kAtomicDq) {
-      FragC dq[Tr::kRowTilesPerWarp];
-#pragma unroll
-      for (int x = 0; x < Tr::kRowTilesPerWarp; ++x) wmma::fill_fragment(dq[x], 0.f);
-      mma_accumulate<T, kHeadDim, false, Tr::kRowTilesPerWarp, Tr::kBlockN>(dq, sm.ds, Tr::kProbPitch, sm.k);
-      stage_fragments(sm, dq);  // sm.acc aliases S/dP, consumed before the last barrier
-      __syncthreads();
-      float* dst = p.dq_acc + (int64_t(h) * p.rows_q + s.q_row0 + m0) * p.head_dim;
-      const int head_dim = p.head_dim;
-      write_staged<kDtype, kHeadDim>(sm.acc, s.len_q - m0, head_dim, [&](int r, int c, const float* src) {
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) atomicAdd(dst + int64_t(r) * head_dim + c + e, src[e]);
-      });
-    }
-  }
-
-  // Epilogue: every stored key row of the block (keys past seqused_k hold zeros: no query saw them).
-  const int rows_out = min(Tr::kBlockN, s.rows_k - n0);
-  for (int which = 0; which < 2; ++which) {
-    __syncthreads();  // sm.acc is free (previous readers done)
-    if (which == 0)
-      stage_fragments(sm, dk);
-    else
-      stage_fragments(sm, dv);
-    __syncthreads();
-    const int cols = which == 0 ? p.head_dim : p.head_dim_v;
-    if (p.group == 1) {
-      T* base = static_cast<T*>(which == 0 ? p.dk : p.dv);
-      const int64_t bs = which == 0 ? p.dk_batch : p.dv_batch, rs = which == 0 ? p.dk_row : p.dv_row,
-                    hs = which == 0 ? p.dk_head : p.dv_head;
-      write_staged<kDtype, kHeadDim>(sm.acc, rows_out, cols, [&](int r, int c, const float* src) {
-        *reinterpret_cast<uint4*>(base + s.k_offset(bs, rs, hs, n0 + r, h) + c) = pack8<kDtype>(src);
-      });
-    } else {
-      float* base = (which == 0 ? p.dk_acc : p.dv_acc) + (int64_t(h) * p.rows_k + s.k_row0 + n0) * cols;
-      write_staged<kDtype, kHeadDim>(sm.acc, rows_out, cols, [&](int r, int c, const float* src) {
-        float* d = base + int64_t(r) * cols + c;
-        reinterpret_cast<float4*>(d)[0] = make_float4(src[0], src[1], src[2], src[3]);
-        reinterpret_cast<float4*>(d)[1] = make_float4(src[4], src[5], src[6], src[7]);
-      });
-    }
-  }
-}
-
-template <fa_dtype kDtype, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kThreads) dq_kernel(const BwdParams p) {
-  using Tr = Traits<kHeadDim>;
-  using T = typename Native<kDtype>::T;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const Smem<T, kHeadDim> sm(smem_raw);
-
-  const int m0 = blockIdx.x * Tr::kBlockM, h = blockIdx.y, b = blockIdx.z;
-  const SeqInfo s(p, b);
-  if (m0 >= s.len_q) return;
-  const int hk = h / p.group;
-  const Visibility vis(p, s);
-  const float slope = alibi_slope(p, b, h);
-  load_tile<Tr, Tr::kBlockM>(sm.q, static_cast<const T*>(p.q) + s.q_offset(p.q_batch, p.q_row, p.q_head, m0, h),
-                             p.q_row, s.len_q - m0, p.head_dim);
-  load_tile<Tr, Tr::kBlockM>(sm.dout,
-                             static_cast<const T*>(p.dout) + s.q_offset(p.do_batch, p.do_row, p.do_head, m0, h),
-                             p.do_row, s.len_q - m0, p.head_dim_v);
-  load_row_stats<Tr>(p, s, h, m0, sm.lse, sm.dsum);
-
-  FragC dq[Tr::kRowTilesPerWarp];
-#pragma unroll
-  for (int x = 0; x < Tr::kRowTilesPerWarp; ++x) wmma::fill_fragment(dq[x], 0.f);
-  const int2 keys = vis.key_range(m0, min(Tr::kBlockM, s.len_q - m0));
-  for (int n0 = keys.x; n0 < keys.y; n0 += Tr::kBlockN) {
-    __syncthreads();
-    load_tile<Tr, Tr::kBlockN>(sm.k, static_cast<const T*>(p.k) + s.k_offset(p.k_batch, p.k_row, p.k_head, n0, hk),
-                               p.k_row, s.len_k - n0, p.head_dim);
-    load_tile<Tr, Tr::kBlockN>(sm.v, static_cast<const T*>(p.v) + s.k_offset(p.v_batch, p.v_row, p.v_head, n0, hk),
-                               p.v_row, s.len_k - n0, p.head_dim_v);
-    __syncthreads();
-    mma_scores<T, kHeadDim>(sm);
-    __syncthreads();
-    mma_probs<kDtype, kHeadDim>(p, s, vis, slope, m0, n0, sm);
-    __syncthreads();
-    mma_accumulate<T, kHeadDim, false, Tr::kRowTilesPerWarp, Tr::kBlockN>(dq, sm.ds, Tr::kProbPitch, sm.k);
-  }
-  __syncthreads();
-  stage_fragments(sm, dq);
-  __syncthreads();
-  write_staged<kDtype, kHeadDim>(sm.acc, s.len_q - m0, p.head_dim, [&](int r, int c, const float* src) {
-    *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + s.q_offset(p.dq_batch, p.dq_row, p.dq_head, m0 + r, h) + c) =
-        pack8<kDtype>(src);
-  });
-}
-
 constexpr int kAuxThreads = 256;  // preprocess / postprocess block size
 
-// Decodes a global query/key row into (sequence offset terms) for the element offset of a batched tensor.
+// Element offset of global row g of a batched (g = b * seqlen + r) or varlen (g = global row) tensor.
 __device__ inline int64_t global_row_offset(bool varlen, int64_t g, int64_t seqlen, int64_t batch_stride,
                                             int64_t row_stride) {
   return varlen ? g * row_stride : (g / seqlen) * batch_stride + (g % seqlen) * row_stride;
 }
 
-// One warp per (query head, global row): D = sum_c dO * O in fp32; zeroes the row of the dQ accumulator.
+// One warp per (query head, global row): D = sum_c dO * O in fp32.
 template <fa_dtype kDtype>
 __global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams p) {
   using N = Native<kDtype>;
@@ -488,30 +561,10 @@ __global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams
   }
   for (int m = kWarpSize / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
   if (lane == 0) p.dsum[w] = acc;
-  if (p.dq_acc != nullptr)
-    for (int c = lane; c < p.head_dim; c += kWarpSize) p.dq_acc[w * p.head_dim + c] = 0.f;
 }
 
 // Rows of the workspace that belong to a sequence (varlen tensors may hold rows past the last sequence).
 __device__ inline int64_t live_rows(const int32_t* cu, int batch, int64_t rows) { return cu ? cu[batch] : rows; }
-
-// dQ accumulator -> output dtype (one thread per column pair).
-template <fa_dtype kDtype>
-__global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const BwdParams p) {
-  using N = Native<kDtype>;
-  const int64_t pairs = p.head_dim / 2;
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= int64_t(p.heads_q) * p.rows_q * pairs) return;
-  const int64_t w = idx / pairs, c = 2 * (idx % pairs);
-  const int h = int(w / p.rows_q);
-  const int64_t g = w % p.rows_q;
-  if (g >= live_rows(p.cu_seqlens_q, p.batch, p.rows_q)) return;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  auto* dst = static_cast<typename N::T*>(p.dq) + global_row_offset(varlen, g, p.seqlen_q, p.dq_batch, p.dq_row) +
-              int64_t(h) * p.dq_head + c;
-  const float* src = p.dq_acc + w * p.head_dim + c;
-  *reinterpret_cast<typename N::T2*>(dst) = N::from_float2(src[0], src[1]);
-}
 
 // GQA: dK/dV of kv head hk = sum over its group of query heads, in ascending head order (deterministic).
 template <fa_dtype kDtype>
@@ -559,39 +612,51 @@ cudaError_t opt_in_smem(Kernel kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
+template <class Tr, class Mask, bool kScoreMods, bool kDeterministic>
+cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
+  auto kernel = &dkdv_kernel<Tr, Mask, kScoreMods, kDeterministic>;
+  if (cudaError_t e = opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
+  const unsigned key_blocks = unsigned((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
+  const dim3 grid(kDeterministic ? unsigned(p.dq_splits) : key_blocks, unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class Tr, class Mask>
+cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
+  const bool mods = p.softcap > 0.f || p.alibi != nullptr;
+  if (p.deterministic)
+    return mods ? launch_main<Tr, Mask, true, true>(p, stream) : launch_main<Tr, Mask, false, true>(p, stream);
+  return mods ? launch_main<Tr, Mask, true, false>(p, stream) : launch_main<Tr, Mask, false, false>(p, stream);
+}
+
 }  // namespace bwd
 
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Tr = bwd::Traits<kHeadDim>;
+  using Tr = bwd::BwdTraits<typename ElementOf<kDtype>::type, kHeadDim>;
   const int64_t q_warps = int64_t(p.heads_q) * p.rows_q;
   if (q_warps > 0)
     bwd::preprocess_kernel<kDtype><<<bwd::aux_blocks(q_warps * bwd::kWarpSize), bwd::kAuxThreads, 0, stream>>>(p);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const int64_t dq_floats = int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile;
+  if (dq_floats > 0)
+    if (cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, size_t(dq_floats) * sizeof(float), stream); e != cudaSuccess)
+      return e;
 
-  const dim3 key_grid(unsigned((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(p.heads_q), unsigned(p.batch));
-  if (key_grid.x > 0) {
-    if (p.deterministic) {
-      auto kernel = &bwd::dkdv_kernel<kDtype, kHeadDim, false>;
-      if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
-      kernel<<<key_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-    } else {
-      auto kernel = &bwd::dkdv_kernel<kDtype, kHeadDim, true>;
-      if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
-      kernel<<<key_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-    }
+  if (p.seqlen_k > 0) {
+    const cudaError_t e = p.has_window ? bwd::launch_main<Tr, WindowMask>(p, stream)
+                                       : bwd::launch_main<Tr, KeyLengthMask>(p, stream);
+    if (e != cudaSuccess) return e;
+  }
+  if (p.seqlen_q > 0) {
+    auto kernel = &bwd::dq_convert_kernel<Tr>;
+    constexpr int kSmemBytes = Tr::kQElems * int(sizeof(typename Tr::Element));
+    if (cudaError_t e = bwd::opt_in_smem(kernel, kSmemBytes); e != cudaSuccess) return e;
+    const dim3 grid(unsigned((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
+    kernel<<<grid, Tr::kThreads, kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  if (p.deterministic) {
-    const dim3 q_grid(unsigned((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
-    auto kernel = &bwd::dq_kernel<kDtype, kHeadDim>;
-    if (cudaError_t e = bwd::opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
-    if (q_grid.x > 0) kernel<<<q_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  } else {
-    const int64_t n = q_warps * (p.head_dim / 2);
-    if (n > 0) bwd::dq_convert_kernel<kDtype><<<bwd::aux_blocks(n), bwd::kAuxThreads, 0, stream>>>(p);
-  }
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (p.group > 1) {
     const int64_t n = int64_t(p.heads_kv) * p.rows_k * (std::max(p.head_dim, p.head_dim_v) / 2);
     if (n > 0) bwd::dkdv_reduce_kernel<kDtype><<<bwd::aux_blocks(n), bwd::kAuxThreads, 0, stream>>>(p);

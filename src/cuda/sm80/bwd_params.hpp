@@ -23,17 +23,26 @@ struct BwdParams : FwdParams {
   // Rows of the fp32 workspace: batched batch * seqlen, varlen the rows of the tensor (global row index).
   int64_t rows_q = 0, rows_k = 0;
 
-  // Workspace (fp32). dsum: D = rowsum(dO * O) per (query head, row). dq_acc: dQ accumulated with atomics
-  // (null when deterministic). dk_acc/dv_acc: per query head dK/dV for GQA (null when heads_q == heads_kv),
-  // reduced over each group in a fixed order afterwards.
+  // Workspace (fp32). dsum: D = rowsum(dO * O) per (query head, row). dq_acc: dQ partial sums, one tile of
+  // dq_tile floats per (split, query head, query block), each tile stored in the register order of the dQ MMA
+  // (element i of thread t at i * threads + t) so that a warp's atomics hit 32 consecutive floats. Query block
+  // m of sequence b is tile (q_row0_b + b * block_q) / block_q + m: sequences never share a tile, and
+  // dq_blocks = rows_q / block_q + batch + 1 tiles per head cover every sequence. dq_splits > 1 only when
+  // deterministic: split s is owned by one CTA per (head, batch) that visits key blocks s, s + splits, ... in
+  // order and adds without atomics; the splits are summed in order afterwards (FA2's deterministic scheme).
+  // dk_acc/dv_acc: per query head dK/dV for GQA (null when heads_q == heads_kv), reduced over each group in a
+  // fixed order afterwards.
   float* dsum = nullptr;
   float* dq_acc = nullptr;
   float* dk_acc = nullptr;
   float* dv_acc = nullptr;
+  int dq_splits = 1;
+  int64_t dq_blocks = 0;
+  int64_t dq_tile = 0;
   bool deterministic = false;
 };
 
-// Workspace floats the backward needs for these parameters (O(total rows x heads x head dim)). Each section is
+// Workspace floats the backward needs for these parameters (dq_blocks, dq_tile, dq_splits set). Each section is
 // rounded up to kWorkspaceAlign floats so that every section starts 256-byte aligned (vector stores).
 constexpr int64_t kWorkspaceAlign = 64;
 inline int64_t workspace_round(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
@@ -44,7 +53,7 @@ struct BwdWorkspace {
 inline BwdWorkspace bwd_workspace(const BwdParams& p) {
   BwdWorkspace w;
   w.dsum = workspace_round(int64_t(p.heads_q) * p.rows_q);
-  if (!p.deterministic) w.dq_acc = workspace_round(int64_t(p.heads_q) * p.rows_q * p.head_dim);
+  w.dq_acc = workspace_round(int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile);
   if (p.group > 1) {
     w.dk_acc = workspace_round(int64_t(p.heads_q) * p.rows_k * p.head_dim);
     w.dv_acc = workspace_round(int64_t(p.heads_q) * p.rows_k * p.head_dim_v);

@@ -29,22 +29,30 @@ constexpr FwdTiles fwd_tiles(int head_dim) {
 
 namespace flashattn::cuda::sm80 {
 
-// Tiles of the backward (src/cuda/sm80/bwd_kernel.cuh). Each CTA of the main kernel owns block_k keys and
-// walks the query rows block_q at a time; the dQ kernel (deterministic mode) owns block_q rows and walks keys.
-// The 8 warps split every GEMM into 16x16 wmma fragments; dK and dV of a CTA live in registers:
-// 2 * block_k * head_dim / threads fp32 accumulators per thread (32 at d64, 64 at d128 with 64x64 tiles, 64 at
-// d256 with 32x32). Shared memory (padded Q, dO, K, V tiles, P/dS, fp32 S/dP or staging): 88.5 KiB (d64),
-// 120.5 KiB (d128), 103.75 KiB (d256); ptxas (sm_90): d64 128-142 registers, d128 up to 255 with 12 bytes spilled
-// (the atomic-dQ kernel), d256 up to 255.
-// Square tiles: the fp32 staging area of dK/dV (block_k rows) is the one of dQ (block_q rows).
+// Tiles of the backward (src/cuda/sm80/bwd_kernel.cuh), FlashAttention-2's choices for GPUs with >= 144 KiB of
+// shared memory per CTA. A CTA owns block_k keys (K, V in shared memory, dK and dV accumulated in registers) and
+// walks the query rows block_q at a time. Its warps tile three differently shaped GEMM families, each with its
+// own warp grid: S = Q.K^T and dP = dO.V^T (block_q x block_k), dV += P^T.dO and dK += dS^T.Q (block_k x head
+// dim), dQ = dS.K (block_q x head dim). Registers per thread: 2 * block_k * head_dim / threads fp32 dK/dV
+// accumulators (64 at d64, 128 at d128 and d256) + 2 * block_q * block_k / threads S/dP (128, 64, 32).
+// Shared memory = (2 * block_q [Q] + do_stages * block_q [dO] + 2 * block_k [K, V]) * head_dim * 2 bytes
+// + 2 * block_q * block_k * 2 bytes [P, dS]: 160 KiB (d64, d128), 176 KiB (d256: dO single-buffered to stay
+// inside the 227 KiB of an sm90 CTA with room to spare; sm80 parts with 164 KiB cannot run d256).
 struct BwdTiles {
-  int block_q;
-  int block_k;
-  int threads;
+  int block_q;      // query rows per main-loop step
+  int block_k;      // keys per CTA
+  int warps;        // warps per CTA
+  int sdp_warps_m;  // warp grid of S/dP: warps along the query rows (the others split the keys)
+  int dkv_warps_n;  // warp grid of dK/dV: warps along the keys (the others split the head dim)
+  int dq_warps_m;   // warp grid of dQ: warps along the query rows (the others split the head dim)
+  int do_stages;    // dO buffers (Q always has two: its next tile streams in during the whole step)
 };
+// The head-dim split of each warp grid is 16 * (warps / warps_along_rows) columns wide and must divide the
+// head dim: 96 (FLASHATTN_KERNELS=all) takes 4 x 2 grids where 64-column ones do not fit.
 constexpr BwdTiles bwd_tiles(int head_dim) {
-  if (head_dim <= 128) return {64, 64, 256};
-  return {32, 32, 256};
+  if (head_dim <= 64) return {128, 128, 8, 2, 4, 4, 2};
+  if (head_dim <= 128) return {64, 128, 8, 2, 4, head_dim % 64 == 0 ? 2 : 4, 2};
+  return {64, 64, 8, 4, 2, 2, 1};
 }
 
 }  // namespace flashattn::cuda::sm80
