@@ -27,6 +27,7 @@ for tool in memcheck racecheck; do
     --gtest_filter='Sanitizer/Forward.*sm90*' > "$O/${tool}.log" 2>&1
   echo "== $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|hazard" "$O/${tool}.log" | head -8
 done
+[ "${BENCH:-1}" = 0 ] && exit 0
 timeout 150 python3 bench/gpu/dev/bench_fwd.py "$L" $SEQLENS --backends sm90,sm80 > "$O/bench_fwd.tsv" 2>&1
 echo "== bench rc=$?"
 cat "$O/bench_fwd.tsv"

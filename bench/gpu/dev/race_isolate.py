@@ -1,0 +1,38 @@
+"""Runs one part of check.py's tiny case 2 (varlen 1x1/17x40/239x100, window (32, 8), d64), so that
+compute-sanitizer racecheck can say which part its "Internal Sanitizer Error" comes from:
+
+    compute-sanitizer --tool racecheck --kernel-name kns=flashattn python3 race_isolate.py PART
+
+PART: ref (torch float64 reference only), fwd (flash_attn_varlen_func forward), fwd_bwd (+ autograd backward),
+ops_fwd (flashattn.ops.forward into NaN buffers), ops_fwd_bwd (+ ops.backward), det_bwd (ops backward with
+deterministic=True).
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import check  # noqa: E402
+import common  # noqa: E402
+
+part = sys.argv[1]
+case = check.TINY[1]
+gen = torch.Generator(device=check.DEV).manual_seed(1234)
+q, k, v, dout, slopes = check.make_inputs(case, gen)
+ours = common.load_ours(check.DEV)
+if part == "ref":
+    check.reference(case, q, k, v, slopes, True, dout)
+elif part in ("fwd", "fwd_bwd"):
+    check.run_ours(ours, case, q, k, v, slopes, dout if part == "fwd_bwd" else None)
+elif part in ("ops_fwd", "ops_fwd_bwd"):
+    check.run_ours_nan_buffers(ours, case, q, k, v, slopes, dout if part == "ops_fwd_bwd" else None)
+elif part == "det_bwd":
+    ops = ours.module.ops
+    lq = [a for a, _ in case.varlen]
+    lk = [b for _, b in case.varlen]
+    kw = check.ops_kwargs(case, slopes, check.cu_seqlens(lq), check.cu_seqlens(lk), torch.cuda.current_stream().cuda_stream)
+    out, lse = ops.forward(q, k, v, **kw)
+    ops.backward(dout, q, k, v, out, lse, deterministic=True, **kw)
+torch.cuda.synchronize()
+print(part, "done")
