@@ -32,7 +32,10 @@ elif part == "det_bwd":
     lq = [a for a, _ in case.varlen]
     lk = [b for _, b in case.varlen]
     kw = check.ops_kwargs(case, slopes, check.cu_seqlens(lq), check.cu_seqlens(lk), torch.cuda.current_stream().cuda_stream)
-    out, lse = ops.forward(q, k, v, **kw)
-    ops.backward(dout, q, k, v, out, lse, deterministic=True, **kw)
+    out = torch.empty(q.shape[:-1] + (case.dv,), dtype=q.dtype, device=check.DEV)
+    lse = torch.empty((case.hq, q.shape[0]), dtype=torch.float32, device=check.DEV)
+    ops.forward(q, k, v, out=out, lse=lse, **kw)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    ops.backward(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, deterministic=True, **kw)
 torch.cuda.synchronize()
 print(part, "done")
