@@ -102,8 +102,11 @@ detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
   const bool explicit_request = exec.backend == FA_BACKEND_CUDA_SM90;
   const FwdKernel* kernel = pick_kernel(p);
   const char* tma_arg = tma_incompatible(p);
+  // Tiles are numbered with 32-bit ints: at most ceil(seqlen_q / 64) query blocks per (batch, head).
+  const int64_t max_tiles = (p.seqlen_q + kWarpgroupRows - 1) / kWarpgroupRows * p.heads_q * p.batch;
   const bool too_large = std::max(p.varlen ? p.total_q : p.batch * p.seqlen_q, p.varlen ? p.total_k : p.batch * p.seqlen_k) >
-                         kMaxTmaCoord;
+                             kMaxTmaCoord ||
+                         max_tiles > kMaxTmaCoord;
   if (kernel == nullptr || tma_arg != nullptr || too_large) {
     if (!explicit_request) return sm80::backend().forward(p, exec);
     if (kernel == nullptr)
@@ -115,7 +118,8 @@ detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
       return detail::unsupported(std::string(tma_arg) + ": the cuda-sm90 backend loads tensors with TMA, which needs "
                                  "non-zero strides along every dimension of extent > 1 (use FA_BACKEND_AUTO to fall "
                                  "back to cuda-sm80)");
-    return detail::unsupported("q: the cuda-sm90 backend addresses at most 2^31-1 rows per tensor");
+    return detail::unsupported("q: the cuda-sm90 backend addresses at most 2^31-1 rows per tensor and 2^31-1 "
+                               "(query block, head, batch) tiles");
   }
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return detail::ok();  // nothing to compute
 
