@@ -1,20 +1,10 @@
 // Host side of one compiled forward kernel: picks the mask policy, sizes shared memory, launches.
 #pragma once
 
+#include "cuda/common/element.hpp"
 #include "cuda/sm80/fwd_kernel.cuh"
 
 namespace flashattn::cuda::sm80 {
-
-template <fa_dtype kDtype>
-struct ElementOf;
-template <>
-struct ElementOf<FA_FLOAT16> {
-  using type = cutlass::half_t;
-};
-template <>
-struct ElementOf<FA_BFLOAT16> {
-  using type = cutlass::bfloat16_t;
-};
 
 template <class Traits, class Mask, bool kScoreMods>
 cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {

@@ -4,21 +4,11 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/common/element.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_params.hpp"
 
 namespace flashattn::cuda::sm90 {
-
-template <fa_dtype kDtype>
-struct ElementOf;
-template <>
-struct ElementOf<FA_FLOAT16> {
-  using type = cutlass::half_t;
-};
-template <>
-struct ElementOf<FA_BFLOAT16> {
-  using type = cutlass::bfloat16_t;
-};
 
 // TMA takes strides that are multiples of 16 bytes; a dimension of extent 1 is never stepped along, so any such
 // stride will do for it (the layouts may give 0 there).
