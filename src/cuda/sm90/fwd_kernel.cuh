@@ -2,12 +2,14 @@
 //   tile scheduler  -> persistent CTAs walk (query block, head, batch) tiles; longest first under causal/window
 //   producer        -> one warp of the producer warpgroup issues TMA loads of Q (per tile) and of K/V (per key
 //                      block) into a multi-stage pipeline completing on mbarriers; the warpgroup gives its
-//                      registers to the consumers (setmaxnreg)
+//                      registers to the consumers (setmaxnreg). GQA-packed tiles (kPackGQA) gather Q in the
+//                      consumers instead: their rows are (position, head) pairs, not a TMA box
 //   consumers       -> 2 or 3 warpgroups, 64 query rows each: S = Q.K^T as wgmma with both operands in shared
 //                      memory, online softmax in registers, O += P.V as wgmma with P from registers;
 //                      ping-pong (named barriers order the warpgroups' GEMM issue so that one's softmax runs
-//                      under the other's GEMMs) and intra-warpgroup overlap (the softmax of block j runs while
-//                      Q.K^T of block j+1 and P.V of block j-1 are in flight)
+//                      under the other's GEMMs) and intra-warpgroup overlap (Q.K^T of a key block and P.V of
+//                      the previous one are issued together; the softmax of the first runs while the second
+//                      is in flight)
 //   epilogue        -> normalise, stage O through shared memory, TMA store (batched) or predicated 128-bit
 //                      stores (varlen, where a box could spill into the next sequence), LSE from registers
 // Masks (causal both alignments, window), softcap, ALiBi, GQA, varlen and seqused_k use the policies shared
@@ -94,7 +96,7 @@ struct FwdTraits {
       int(sizeof(Element)) * int(cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>);
   static constexpr int kBarrierSlack = 1024;  // pipelines' mbarriers + alignment
   // O gets its own tile when it fits: the next tile's Q load then overlaps this tile's epilogue. Otherwise
-  // (d256) each warpgroup stages O in its own Q rows.
+  // (d256, and d128 with 176-key blocks) each warpgroup stages O in its own Q rows.
   static constexpr bool kSeparateO = kMainSmemBytes + kConsumerWGs * kTileBytesQ + kBarrierSlack <= kMaxSmemBytes;
   static constexpr int kSmemO = kSeparateO ? int(cosize_v<SmemLayoutO>) : 1;
 
