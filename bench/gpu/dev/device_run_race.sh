@@ -7,7 +7,7 @@ B=$1
 R=/tmp/race_pyroot; rm -rf $R; mkdir -p $R; cp -r python/flashattn $R/
 find "$B" -name "*.cpython-*.so" -exec cp {} $R/flashattn/ \;
 export PYTHONPATH=$R PYTORCH_NO_CUDA_MEMORY_CACHING=1
-for part in ref fwd ops_fwd fwd_bwd ops_fwd_bwd det_bwd; do
+for part in ${PARTS:-ref fwd ops_fwd fwd_bwd ops_fwd_bwd det_bwd case case_no_poison case_no_plain}; do
   timeout 60 compute-sanitizer --tool racecheck --kernel-name kns=flashattn python3 bench/gpu/dev/race_isolate.py $part \
     > "/tmp/race_$part.log" 2>&1
   rc=$?

@@ -5,7 +5,10 @@ compute-sanitizer racecheck can say which part its "Internal Sanitizer Error" co
 
 PART: ref (torch float64 reference only), fwd (flash_attn_varlen_func forward), fwd_bwd (+ autograd backward),
 ops_fwd (flashattn.ops.forward into NaN buffers), ops_fwd_bwd (+ ops.backward), det_bwd (ops backward with
-deterministic=True).
+deterministic=True); case (check.py's whole check_case, which fails under racecheck while every part above is
+clean alone), case_no_poison (the same without poisoning torch's allocator), case_no_plain (the same with the
+plain low-precision reference replaced by the exact one: its verdicts say nothing, only whether the sanitizer
+still fails). Off the GPU (FLASHATTN_CHECK_DEVICE=cpu, PYTHONPATH=bench/gpu/mock) it exercises the script itself.
 """
 import os
 import sys
@@ -31,11 +34,20 @@ elif part == "det_bwd":
     ops = ours.module.ops
     lq = [a for a, _ in case.varlen]
     lk = [b for _, b in case.varlen]
-    kw = check.ops_kwargs(case, slopes, check.cu_seqlens(lq), check.cu_seqlens(lk), torch.cuda.current_stream().cuda_stream)
+    kw = check.ops_kwargs(case, slopes, check.cu_seqlens(lq), check.cu_seqlens(lk),
+                           torch.cuda.current_stream().cuda_stream if check.ON_GPU else 0)
     out = torch.empty(q.shape[:-1] + (case.dv,), dtype=q.dtype, device=check.DEV)
     lse = torch.empty((case.hq, q.shape[0]), dtype=torch.float32, device=check.DEV)
     ops.forward(q, k, v, out=out, lse=lse, **kw)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     ops.backward(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, deterministic=True, **kw)
-torch.cuda.synchronize()
+elif part.startswith("case"):
+    if part == "case_no_poison":
+        check.poison_allocator = lambda specs: None
+    if part == "case_no_plain":
+        exact_reference = check.reference
+        check.reference = lambda c, q_, k_, v_, s_, exact, dout_=None: exact_reference(c, q_, k_, v_, s_, True, dout_)
+    tally = check.Tally(sys.stdout)
+    check.check_case(ours, case, gen, tally, False)
+common.sync(check.DEV)
 print(part, "done")
