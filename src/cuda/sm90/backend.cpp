@@ -41,9 +41,13 @@ const Ablation kAblations[] = {
 #undef FA_SM90_ABLATION
     {nullptr, nullptr}};
 
+// The problems the default table serves with its bf16 d128 kernel: max(d, dv) in (64, 128] (d64 is the next
+// smaller compiled head dim), no softcap/ALiBi.
 cudaError_t (*ablation_launch(const detail::Problem& p))(const FwdParams&, cudaStream_t) {
-  if (kAblations[0].name == nullptr || p.dtype != FA_BFLOAT16 || std::max(p.head_dim, p.head_dim_v) > 128 ||
-      std::max(p.head_dim, p.head_dim_v) <= 64 || p.softcap > 0.f || p.alibi != nullptr)
+  constexpr int kAblationHeadDim = 128, kNextSmallerHeadDim = 64;
+  const int64_t need = std::max(p.head_dim, p.head_dim_v);
+  if (kAblations[0].name == nullptr || p.dtype != FA_BFLOAT16 || need > kAblationHeadDim ||
+      need <= kNextSmallerHeadDim || p.softcap > 0.f || p.alibi != nullptr)
     return nullptr;
   const char* want = std::getenv("FLASHATTN_SM90_MECHANISMS");
   if (want == nullptr) return nullptr;
