@@ -52,15 +52,12 @@ struct Errors {
 };
 
 void run_case(const Case& c) {
-  const bool varlen = !c.lens_q.empty();
-  const int64_t batch = varlen ? int64_t(c.lens_q.size()) : c.batch;
-  std::vector<int32_t> cu_q{0}, cu_k{0};
-  for (size_t b = 0; varlen && b < c.lens_q.size(); ++b) {
-    cu_q.push_back(cu_q.back() + c.lens_q[b]);
-    cu_k.push_back(cu_k.back() + c.lens_k[b]);
-  }
-  const int64_t rows_q = varlen ? cu_q.back() : c.sq, rows_k = varlen ? cu_k.back() : c.sk;
-  const int64_t nb = varlen ? 1 : batch;  // leading dim count of batched tensors
+  CaseGeometry geo(c);  // non-const: the host reference reads cu_seqlens through void*
+  const bool varlen = geo.varlen;
+  const int64_t batch = geo.batch, rows_q = geo.rows_q, rows_k = geo.rows_k;
+  std::vector<int32_t>& cu_q = geo.cu_q;
+  std::vector<int32_t>& cu_k = geo.cu_k;
+  const int64_t nb = geo.nb;
   const int64_t pad = c.row_pad;
   const size_t nq = size_t(nb * rows_q * (c.hq * c.d + pad)), nk = size_t(nb * rows_k * (c.hkv * c.d + pad));
   const size_t nv = size_t(nb * rows_k * (c.hkv * c.dv + pad)), no = size_t(nb * rows_q * (c.hq * c.dv + pad));

@@ -63,6 +63,25 @@ inline std::vector<Case> for_backends(const std::vector<Case>& cases, std::initi
   return out;
 }
 
+// The tensor geometry of a case: varlen offsets, rows per tensor, leading (batch) dimension count.
+struct CaseGeometry {
+  bool varlen;
+  int64_t batch;             // sequences
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  int64_t rows_q, rows_k;    // rows per batch entry (varlen: all rows)
+  int64_t nb;                // leading dim count of batched tensors (1 for varlen)
+  explicit CaseGeometry(const Case& c)
+      : varlen(!c.lens_q.empty()), batch(varlen ? int64_t(c.lens_q.size()) : c.batch) {
+    for (size_t b = 0; varlen && b < c.lens_q.size(); ++b) {
+      cu_q.push_back(cu_q.back() + c.lens_q[b]);
+      cu_k.push_back(cu_k.back() + c.lens_k[b]);
+    }
+    rows_q = varlen ? cu_q.back() : c.sq;
+    rows_k = varlen ? cu_k.back() : c.sk;
+    nb = varlen ? 1 : batch;
+  }
+};
+
 inline uint16_t to_storage(fa_dtype t, float x) {
   return t == FA_FLOAT16 ? flashattn::cpu::float_to_fp16(x) : flashattn::cpu::float_to_bf16(x);
 }
