@@ -372,7 +372,7 @@ def localise(tool, extra, budget_end):
                               "result": f"not rerun: out of time (reruns get {localise_s:.0f} s in all, within the run's budget)"})
             continue
         regex = "^" + re.escape(label).replace("\\ ", " ") + "$"
-        clean, result, out = run_tool(tool, [sys.executable, check_py, "--tiny", "--cases", regex], extra, share)
+        clean, result, out = run_tool(tool, [sys.executable, check_py, "--tiny", "--plain-on-cpu", "--cases", regex], extra, share)
         localised.append({"tool": tool, "case": label, "clean": clean,
                           "result": ("clean alone: " if clean else "FAILS alone: ") + result,
                           "tail": "" if clean else tail(out)})
@@ -413,10 +413,10 @@ if not tests or not quick:
     else:
         kfilter = (probe.stdout.strip().splitlines() or [""])[-1]
         extra = ["--kernel-name", f"kns={kfilter}"] if kfilter and not kfilter.startswith("#") else []
-        label = "check.py --tiny" + (f" (kernels *{kfilter}*)" if extra else " (all kernels)")
+        label = "check.py --tiny --plain-on-cpu" + (f" (kernels *{kfilter}*)" if extra else " (all kernels)")
         localise_end = None  # the reruns of both tools share one allowance, which starts at the first rerun
         for tool in ("memcheck", "racecheck"):
-            if not sanitize(tool, label, [sys.executable, check_py, "--tiny"], extra):
+            if not sanitize(tool, label, [sys.executable, check_py, "--tiny", "--plain-on-cpu"], extra):
                 localise_end = localise_end or min(time.time() + localise_s, deadline)
                 localise(tool, extra, localise_end)
 json.dump({"runs": runs, "note": note, "localised": localised}, open(os.path.join(work, "sanitizer.json"), "w"))

@@ -4,6 +4,8 @@ The kernels are registered as the custom ops ``flashattn::fwd`` and ``flashattn:
 (``torch.library.custom_op``) with fake (meta) implementations and an autograd formula, so
 ``torch.compile(fullgraph=True)`` traces them without a graph break, and CUDA-graph capture works
 (batched calls: the varlen path copies cu_seqlens to the host for validation, which a capture forbids).
+Eager calls skip the custom-op dispatcher (a torch.autograd.Function with the same forward and backward, or
+the plain forward when no input needs a gradient): its per-call cost is GPU idle time at short sequences.
 
 CUDA tensors run on ``torch.cuda.current_stream()``; CPU tensors run the CPU backend with
 ``torch.get_num_threads()`` threads. The backward saves q, k, v, out and the log-sum-exp only.
@@ -37,15 +39,37 @@ def _lse_shape(q: Tensor, varlen: bool):
     return (0,)  # wrong rank: the core rejects q, naming it
 
 
+_to_dlpack = torch.utils.dlpack.to_dlpack
+
+
 def _dl(t: Optional[Tensor]):
-    # DLPack refuses tensors that require grad; the kernels never record autograd history anyway.
-    return None if t is None else t.detach()
+    # A DLPack capsule from torch's C exporter: Tensor.__dlpack__ (what nanobind would call) is Python code with
+    # stream hand-off logic, several microseconds per tensor, and the stream is passed to the kernels anyway.
+    # DLPack refuses tensors that require grad; the kernels never record autograd history.
+    return None if t is None else _to_dlpack(t.detach())
 
 
-def _exec_kwargs(q: Tensor):
-    if q.device.type == "cuda":
-        return dict(num_threads=0, stream=torch.cuda.current_stream(q.device).cuda_stream)
-    return dict(num_threads=torch.get_num_threads(), stream=0)
+# Per-call host cost matters: at seqlen 2k a d128 forward runs ~0.5 ms and every microsecond of Python before
+# the launch is GPU idle time in a loop of calls. The private torch.cuda helpers skip torch.cuda.device's
+# context-manager object and current_stream's Stream object; public fallbacks keep older torch working.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_exchange_device = getattr(torch.cuda, "_exchange_device", None)
+_maybe_exchange_device = getattr(torch.cuda, "_maybe_exchange_device", None)
+
+
+def _call(fn, q: Tensor, *args, **kwargs):
+    """fn(*args, **kwargs, num_threads=..., stream=...) with q's CUDA device current (CPU: torch's threads)."""
+    if q.device.type != "cuda":
+        return fn(*args, **kwargs, num_threads=torch.get_num_threads(), stream=0)
+    index = q.device.index
+    if _raw_stream is None or _exchange_device is None or _maybe_exchange_device is None:
+        with torch.cuda.device(q.device):
+            return fn(*args, **kwargs, num_threads=0, stream=torch.cuda.current_stream(q.device).cuda_stream)
+    previous = _exchange_device(index)
+    try:
+        return fn(*args, **kwargs, num_threads=0, stream=_raw_stream(index))
+    finally:
+        _maybe_exchange_device(previous)
 
 
 def _attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
@@ -56,19 +80,29 @@ def _attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen
                 window_right=window_right, softcap=softcap, alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p)
 
 
-class _DeviceGuard:
-    """Makes q's CUDA device current while the kernel is launched (a no-op for CPU tensors)."""
+def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic):
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    lse = q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+    _call(_C.forward, q, _dl(q), _dl(k), _dl(v), _to_dlpack(out), _to_dlpack(lse),
+          **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p))
+    return out, lse
 
-    def __init__(self, t: Tensor):
-        self.ctx = torch.cuda.device(t.device) if t.device.type == "cuda" else None
 
-    def __enter__(self):
-        if self.ctx is not None:
-            self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
+def _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+              softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
+              deterministic):
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    _call(_C.backward, q, _dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _to_dlpack(dq), _to_dlpack(dk),
+          _to_dlpack(dv),
+          deterministic=deterministic,
+          **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p))
+    return dq, dk, dv
 
 
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
@@ -76,15 +110,8 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seq
          seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
          causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
          alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
-    lse = q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
-    with _DeviceGuard(q):
-        _C.forward(_dl(q), _dl(k), _dl(v), out, lse,
-                   **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                  causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p),
-                   **_exec_kwargs(q))
-    return out, lse
+    return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic)
 
 
 @_fwd.register_fake
@@ -100,15 +127,9 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
          softmax_scale: Optional[float], causal: bool, top_left: bool, window_left: int, window_right: int,
          softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
          deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    with _DeviceGuard(q):
-        _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), dq, dk, dv, deterministic=deterministic,
-                    **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                   causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p),
-                    **_exec_kwargs(q))
-    return dq, dk, dv
+    return _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                     deterministic)
 
 
 @_bwd.register_fake
@@ -133,7 +154,7 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
 
 
-def _backward(ctx, grad_out, grad_lse):
+def _gradients(bwd, ctx, grad_out):
     # lse is returned for inspection (return_attn_probs) and is not differentiable, as in flash_attn:
     # its gradient is ignored.
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = ctx.saved_tensors
@@ -142,13 +163,33 @@ def _backward(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     elif grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()  # e.g. the expanded gradient of a sum
-    dq, dk, dv = _bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                      softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes,
-                      ctx.dropout_p, ctx.deterministic)
+    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes,
+                     ctx.dropout_p, ctx.deterministic)
     return (dq, dk, dv) + (None,) * (_N_FWD_INPUTS - 3)
 
 
+def _backward(ctx, grad_out, grad_lse):
+    return _gradients(_bwd, ctx, grad_out)
+
+
 _fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The custom op's forward and autograd formula without the custom-op dispatch (tens of microseconds per
+    call in eager mode). torch.compile traces the custom op instead (see _attention)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        out, lse = _fwd_impl(*inputs)
+        _setup_context(ctx, inputs, (out, lse))
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _gradients(_bwd_impl, ctx, grad_out)
 
 
 def _unit_last(t: Tensor) -> Tensor:
@@ -160,9 +201,14 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
                causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment):
     left, right = window_pair(window_size)
     top_left = causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT
-    return _fwd(_unit_last(q), _unit_last(k), _unit_last(v), cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
-                int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale), bool(causal), top_left,
-                left, right, float(softcap), alibi_slopes, float(dropout_p), bool(deterministic))
+    inputs = (_unit_last(q), _unit_last(k), _unit_last(v), cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+              int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale), bool(causal), top_left,
+              left, right, float(softcap), alibi_slopes, float(dropout_p), bool(deterministic))
+    if torch.compiler.is_compiling():
+        return _fwd(*inputs)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(*inputs)
+    return _fwd_impl(*inputs)
 
 
 def _result(out, lse, return_attn_probs):

@@ -14,6 +14,8 @@ but not built, e.g. dropout) or RuntimeError (the device runtime failed).
 
 from __future__ import annotations
 
+import sys
+
 from . import _C
 
 ALIGN_BOTTOM_RIGHT = int(_C.ALIGN_BOTTOM_RIGHT)
@@ -73,6 +75,17 @@ def window_pair(window_size):
     raise ValueError(f"window_size: must be a pair (left, right) of ints, -1 = unbounded (got {window_size!r})")
 
 
+def _export(a):
+    """torch tensors as DLPack capsules from torch's C exporter (nanobind would call Tensor.__dlpack__, Python
+    code that costs several microseconds per tensor on every call); other arrays as they are. torch is not
+    imported here: a torch tensor implies it is loaded."""
+    if a is not None and type(a).__module__.startswith("torch"):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(a, torch.Tensor):
+            return torch.utils.dlpack.to_dlpack(a.detach())
+    return a
+
+
 def _is_numpy(a) -> bool:
     return type(a).__module__ == "numpy" and type(a).__name__ == "ndarray"
 
@@ -114,9 +127,9 @@ def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, s
             causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads, stream):
     left, right = window_pair(window_size)
     return dict(
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        seqused_k=seqused_k,
+        cu_seqlens_q=_export(cu_seqlens_q),
+        cu_seqlens_k=_export(cu_seqlens_k),
+        seqused_k=_export(seqused_k),
         max_seqlen_q=_max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q"),
         max_seqlen_k=_max_seqlen(cu_seqlens_k, max_seqlen_k, "max_seqlen_k"),
         softmax_scale=None if softmax_scale is None else float(softmax_scale),
@@ -125,7 +138,7 @@ def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, s
         window_left=left,
         window_right=right,
         softcap=float(softcap),
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=_export(alibi_slopes),
         dropout_p=float(dropout_p),
         backend=backend_code(backend),
         num_threads=int(num_threads),
@@ -149,7 +162,7 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
         import numpy as np
 
         lse = _numpy_empty(q, _lse_shape(q, varlen), np.float32, "lse")
-    _C.forward(q, k, v, out, lse,
+    _C.forward(_export(q), _export(k), _export(v), _export(out), _export(lse),
                **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                          causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
                          stream))
@@ -167,7 +180,8 @@ def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q
         dk = _numpy_empty(k, k.shape, k.dtype, "dk")
     if dv is None:
         dv = _numpy_empty(v, v.shape, v.dtype, "dv")
-    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, deterministic=bool(deterministic),
+    _C.backward(_export(dout), _export(q), _export(k), _export(v), _export(out), _export(lse), _export(dq),
+                _export(dk), _export(dv), deterministic=bool(deterministic),
                 **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                           causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
                           stream))

@@ -71,6 +71,18 @@ void run_case(const Case& c) {
     return h;
   };
   std::vector<uint16_t> hq = fill(nq), hk = fill(nk), hv = fill(nv);
+  if (c.nan_past_used) {
+    constexpr uint16_t kNaN = 0xffff;  // all-ones: NaN in fp16 and bf16
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t first_row = varlen ? cu_k[size_t(b)] : b * rows_k;
+      const int64_t len = varlen ? c.lens_k[size_t(b)] : rows_k;
+      for (int64_t j = c.used_k[size_t(b)]; j < len; ++j)
+        for (int64_t h = 0; h < c.hkv; ++h) {
+          std::fill_n(hk.begin() + (first_row + j) * (c.hkv * c.d + pad) + h * c.d, c.d, kNaN);
+          std::fill_n(hv.begin() + (first_row + j) * (c.hkv * c.dv + pad) + h * c.dv, c.dv, kNaN);
+        }
+    }
+  }
   std::vector<float> slopes;
   if (c.alibi) {
     std::uniform_real_distribution<float> u(0.05f, 0.5f);
@@ -285,9 +297,18 @@ std::vector<Case> forward_cases() {
     c.name = "varlen"; c.lens_q = {1, 17, 0, 239, 128, 300}; c.lens_k = {1, 33, 5, 239, 1, 129}; add(c);
     c.name = "varlen_causal_d128"; c.d = c.dv = 128; c.causal = true; add(c);
     c.name = "varlen_window_tl_gqa"; c.hq = 4, c.hkv = 2; c.causal = false; c.wl = 20, c.wr = 20; c.align = FA_ALIGN_TOP_LEFT; add(c);
+    // Head dims whose rows are not a power-of-two count of 16-byte vectors (the d96/d192 kernels of
+    // FLASHATTN_KERNELS=all) through the predicated-store epilogue.
+    c.align = FA_ALIGN_BOTTOM_RIGHT; c.wl = c.wr = -1; c.hq = c.hkv = 2;
+    c.name = "varlen_d96"; c.d = c.dv = 96; add(c);
+    c.name = "varlen_d192_dv128_causal"; c.d = 192, c.dv = 128; c.causal = true; add(c);
     Case u; u.d = u.dv = 128; u.batch = 3; u.sq = 70, u.sk = 200;
     u.name = "seqused_k"; u.used_k = {0, 77, 200}; add(u);
     u.name = "seqused_k_causal_varlen"; u.lens_q = {50, 64, 3}; u.lens_k = {100, 64, 130}; u.used_k = {60, 0, 130}; u.causal = true; add(u);
+    u.name = "seqused_k_causal_varlen_nan_tail"; u.nan_past_used = true; add(u);
+    Case n; n.d = n.dv = 64; n.batch = 3; n.sq = 70, n.sk = 300; n.hq = 4, n.hkv = 2; n.used_k = {0, 77, 211};
+    n.name = "seqused_k_gqa_nan_tail"; n.nan_past_used = true; add(n);
+    n.name = "seqused_k_window_nan_tail_d256"; n.d = n.dv = 256; n.wl = 100, n.wr = 0; add(n);
     Case s; s.sq = 97, s.sk = 143, s.d = s.dv = 64; s.row_pad = 8; s.hq = 3, s.hkv = 3;
     s.name = "strided_rows"; add(s);
   }
@@ -304,6 +325,10 @@ std::vector<Case> forward_cases() {
     v.name = "packed_varlen_causal"; add(v);
     Case u; u.batch = 3, u.sq = 3, u.sk = 200, u.hq = 4, u.hkv = 1, u.d = u.dv = 64; u.used_k = {0, 50, 200};
     u.name = "packed_mqa_seqused_k"; add(u);
+    u.name = "packed_mqa_seqused_k_nan_tail"; u.used_k = {0, 50, 171}; u.nan_past_used = true; add(u);
+    Case e; e.sq = 3, e.sk = 150, e.hq = 8, e.hkv = 2, e.d = e.dv = 96;
+    e.name = "packed_d96"; add(e);
+    e.name = "packed_d192_dv128_causal"; e.d = 192, e.dv = 128; e.causal = true; add(e);
     Case a; a.sq = 9, a.sk = 64, a.hq = 8, a.hkv = 2, a.d = a.dv = 128; a.alibi = 1;
     a.name = "gqa_short_alibi_unpacked"; add(a);
   }

@@ -46,6 +46,7 @@ struct Case {
   int alibi = 0;                 // 0 none, 1: (Hq), 2: (B, Hq)
   std::vector<int> lens_q, lens_k;  // varlen when non-empty
   std::vector<int> used_k;          // seqused_k when non-empty
+  bool nan_past_used = false;       // K/V rows past seqused_k hold NaN (unwritten cache slots must not leak)
   int64_t row_pad = 0;              // extra elements per row (non-contiguous strides)
   bool deterministic = false;        // backward: bit-identical reruns, no atomics
   fa_backend backend = FA_BACKEND_AUTO;  // forward: which CUDA backend runs the case

@@ -8,7 +8,8 @@ ops_fwd (flashattn.ops.forward into NaN buffers), ops_fwd_bwd (+ ops.backward), 
 deterministic=True); case (check.py's whole check_case, which fails under racecheck while every part above is
 clean alone), case_no_poison (the same without poisoning torch's allocator), case_no_plain (the same with the
 plain low-precision reference replaced by the exact one: its verdicts say nothing, only whether the sanitizer
-still fails). Off the GPU (FLASHATTN_CHECK_DEVICE=cpu, PYTHONPATH=bench/gpu/mock) it exercises the script itself.
+still fails), plain (the plain low-precision implementation alone: torch kernels only), case_plain_cpu
+(check_case with the plain implementation on the CPU, as check.py --plain-on-cpu). Off the GPU (FLASHATTN_CHECK_DEVICE=cpu, PYTHONPATH=bench/gpu/mock) it exercises the script itself.
 """
 import os
 import sys
@@ -26,6 +27,8 @@ q, k, v, dout, slopes = check.make_inputs(case, gen)
 ours = common.load_ours(check.DEV)
 if part == "ref":
     check.reference(case, q, k, v, slopes, True, dout)
+elif part == "plain":
+    check.reference(case, q, k, v, slopes, False, dout)
 elif part in ("fwd", "fwd_bwd"):
     check.run_ours(ours, case, q, k, v, slopes, dout if part == "fwd_bwd" else None)
 elif part in ("ops_fwd", "ops_fwd_bwd"):
@@ -44,6 +47,8 @@ elif part == "det_bwd":
 elif part.startswith("case"):
     if part == "case_no_poison":
         check.poison_allocator = lambda specs: None
+    if part == "case_plain_cpu":
+        check.PLAIN_ON_CPU = True
     if part == "case_no_plain":
         exact_reference = check.reference
         check.reference = lambda c, q_, k_, v_, s_, exact, dout_=None: exact_reference(c, q_, k_, v_, s_, True, dout_)

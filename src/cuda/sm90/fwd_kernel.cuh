@@ -130,7 +130,12 @@ struct FwdTraits {
 
   // Epilogue for varlen: 128-bit vectors from shared memory to global, 128 threads of one warpgroup.
   static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
-  static constexpr int kThreadsPerRow = kHeadDim / kVecElems;
+  // Threads per row: the largest power of two dividing the row's vectors, so that the thread grid covers all
+  // 128 threads and tiles the (64, d) tile exactly (d96: 12 vectors per row, 4 threads, 3 vectors each; one
+  // thread per vector would leave 8 threads outside the grid, addressing past the tile).
+  static constexpr int kVecsPerRow = kHeadDim / kVecElems;
+  static constexpr int kThreadsPerRow = kVecsPerRow & -kVecsPerRow;
+  static_assert(kWgThreads % kThreadsPerRow == 0 && kWgRows % (kWgThreads / kThreadsPerRow) == 0);
   using GmemStoreO = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
       Layout<Shape<Int<kWgThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>{},
@@ -212,6 +217,7 @@ enum Barrier : int {
   kQFree = 0,          // consumers -> producer: the previous tile's Q (and, aliased, O) space may be reloaded
   kSchedulerBase = 1,  // one per consumer warpgroup: its turn to issue GEMMs (ping-pong)
   kEpilogueBase = 4,   // one per consumer warpgroup: its O tile is complete in shared memory
+  kVTail = 7,          // all consumers: the zeroed V rows past the keys of the partial block are in place
 };
 
 // wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent
@@ -513,6 +519,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       return softmax.template exponentiate<decltype(is_first)::value>(s, p.scale_log2, correction);
     };
 
+    // The partial key block's V box runs past the sequence's keys into memory TMA does not zero-fill (rows past
+    // seqused_k, the next varlen sequence). P is 0 there, but 0 * Inf = NaN, so those rows are zeroed before any
+    // P.V reads the stage, as the sm80 kernel's predicated loads do. Every consumer warpgroup of the CTA runs the
+    // same range, so the barrier over all of them is reached by each; it sits after the first block's Q.K^T and
+    // before any ping-pong wait that could need another warpgroup to pass it first.
+    const bool zero_v_tail = (varlen || p.seqused_k != nullptr) && range.hi > range.lo &&
+                             range.hi * kBlockN > seq.len_k;
+    auto zero_v_tail_rows = [&] {
+      constexpr int kChunk = Traits::kVecElems;  // 16-byte chunks stay contiguous under the swizzle
+      constexpr int kChunksPerRow = kHeadDim / kChunk;
+      const int first = seq.len_k - (range.hi - 1) * kBlockN;
+      pipe_v.consumer_wait(v_read);  // waited for again before the P.V; the phase stays complete until released
+      Tensor sVs = sV(_, _, v_read.index());
+      for (int i = int(threadIdx.x) - kWgThreads; i < (kBlockN - first) * kChunksPerRow; i += kConsumerThreads)
+        *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&sVs(first + i / kChunksPerRow, i % kChunksPerRow * kChunk))) =
+            cute::uint128_t{};
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, Barrier::kVTail);
+    };
+
     if (range.hi > range.lo) {
       float correction[decltype(size<0>(o_rc))::value];
       Tensor rP = make_tensor<Element>(partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{}).layout());
@@ -536,6 +562,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           ++k_read;
           softmax_step(tSrS, n, cute::true_type{}, correction);
           to_probs(tSrS);
+          if (zero_v_tail) zero_v_tail_rows();
         }
         for (--n; n >= range.lo; --n) {
           Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
@@ -574,6 +601,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                                                  : softmax_step(tSrS, n, cute::false_type{}, correction);
           if (rescale) softmax.rescale(o_rc, correction);
           to_probs(tSrS);
+          if (zero_v_tail && n == range.hi - 1) zero_v_tail_rows();
           pipe_v.consumer_wait(v_read);
           wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
           warpgroup_wait<0>();
