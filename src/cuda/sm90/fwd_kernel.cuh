@@ -218,7 +218,10 @@ enum Barrier : int {
   kSchedulerBase = 1,  // one per consumer warpgroup: its turn to issue GEMMs (ping-pong)
   kEpilogueBase = 4,   // one per consumer warpgroup: its O tile is complete in shared memory
   kVTail = 7,          // all consumers: the zeroed V rows past the keys of the partial block are in place
+  kBarrierCount
 };
+// CUTLASS offsets these ids by the barriers it reserves; the hardware has 16.
+static_assert(kBarrierCount + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16, "named barrier ids");
 
 // wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent
 // columns, mode 1 the row 8 below, mode 2 the 8-column groups.
@@ -285,6 +288,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   constexpr int kHeadDim = Traits::kHeadDim, kWGs = Traits::kConsumerWGs, kWgThreads = Traits::kWgThreads;
   constexpr int kConsumerThreads = Traits::kConsumerThreads;
   constexpr int kProducerWarpThreads = 32;
+  // O from registers to global memory where it would otherwise be staged in Q's space (no room for a tile of its
+  // own): the next tile's Q then loads while this tile's last P.V and epilogue run, as with a separate O tile.
+  // Packed tiles keep the staged path (their rows are (position, head) pairs).
+  constexpr bool kDirectO = !Traits::kSeparateO && Mech::kDirectEpilogue && !kPackGQA;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
@@ -610,8 +617,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         }
       }
     }
-    // Q is no longer read: with a separate O tile, the producer may load the next tile's Q right away.
-    if constexpr (Traits::kSeparateO)
+    // Q is no longer read: with a separate O tile, or O stored from registers, the producer may load the next
+    // tile's Q right away.
+    if constexpr (Traits::kSeparateO || kDirectO)
       cutlass::arch::NamedBarrier::arrive(kConsumerThreads + kProducerWarpThreads, Barrier::kQFree);
 
     // ---------------------------------------------------------------- epilogue
@@ -619,13 +627,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     softmax.finish(o_rc, p.logit_scale, lse);
     Tensor out_frag = convert_fragment<Element>(tOrO);
 
-    // The previous tile's store has finished reading this warpgroup's O tile (its issuing thread waited).
-    cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
-    // stmatrix: each warp writes 8x8 sub-tiles of its accumulator rows, 16 bytes per lane per matrix, instead of
-    // one 2-byte store per value.
-    auto smem_store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
-    auto smem_store_thr = smem_store_o.get_thread_slice(tid);
-    copy(smem_store_o, smem_store_thr.retile_S(out_frag), smem_store_thr.partition_D(sOw));
+    if constexpr (!kDirectO) {
+      // The previous tile's store has finished reading this warpgroup's O tile (its issuing thread waited).
+      cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
+      // stmatrix: each warp writes 8x8 sub-tiles of its accumulator rows, 16 bytes per lane per matrix, instead
+      // of one 2-byte store per value.
+      auto smem_store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+      auto smem_store_thr = smem_store_o.get_thread_slice(tid);
+      copy(smem_store_o, smem_store_thr.retile_S(out_frag), smem_store_thr.partition_D(sOw));
+    }
 
     if (p.lse != nullptr) {
       const int64_t lse_base = varlen ? int64_t(seq.q_start) * p.lse_row : int64_t(t.batch) * p.lse_batch;
@@ -646,10 +656,35 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         }
       }
     }
+    const int rows_here = seq.len_q - m0_wg;
+    if constexpr (kDirectO) {
+      // Each thread stores its accumulator's column pairs (4 bytes; a warp instruction covers 8 rows x 16 bytes).
+      // Nothing waits for these stores, and shared memory is not involved.
+      Element* o_ptr = static_cast<Element*>(p.out) + int64_t(t.head) * p.o_head +
+                       (varlen ? int64_t(seq.q_start) * p.o_row : int64_t(t.batch) * p.o_batch);
+      Tensor o_vals = make_tensor(out_frag.data(), rows_cols(out_frag.layout()));
+      static_assert(size<1>(decltype(o_vals.layout()){}) % 2 == 0, "column pairs");
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(o_vals); ++r) {
+        const int row = get<0>(cO_rc(r, 0));
+        if (row >= rows_here) continue;
+        Element* row_ptr = o_ptr + int64_t(m0_wg + row) * p.o_row;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o_vals); c += 2) {
+          const int col = get<1>(cO_rc(r, c));  // mode 0 of the accumulator: columns col and col + 1
+          if (col < p.head_dim_v) {
+            cutlass::AlignedArray<Element, 2> pair;  // 4-byte aligned: one 32-bit store, not two 16-bit ones
+            pair[0] = o_vals(r, c);
+            pair[1] = o_vals(r, c + 1);
+            *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(row_ptr + col) = pair;
+          }
+        }
+      }
+      continue;
+    }
     cutlass::arch::fence_view_async_shared();  // the generic-proxy smem writes become visible to the TMA store (async proxy)
     cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
 
-    const int rows_here = seq.len_q - m0_wg;
     if (!varlen && !kPackGQA) {
       // The TMA box is clipped at the tensor's rows and head dim: partial tiles need no predicates.
       if (tid == 0 && rows_here > 0) {
