@@ -147,6 +147,11 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
   const BwdTiles tiles = bwd_tiles(kernel->head_dim);
   params.dq_tile = int64_t(tiles.block_q) * kernel->head_dim;
   params.dq_blocks = params.rows_q / tiles.block_q + p.batch + 1;
+#ifdef FLASHATTN_BWD_KEYS_OUTER  // device-run experiment hook: force the grid order
+  params.keys_outer = FLASHATTN_BWD_KEYS_OUTER;
+#else
+  params.keys_outer = params.has_window;  // causal / window: key blocks do unequal work
+#endif
   if (params.deterministic) {
     int sms = 0;
     if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, int(p.device_index));

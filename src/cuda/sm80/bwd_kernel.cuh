@@ -80,7 +80,10 @@ struct BwdTraits {
   static constexpr int kKVElems = int(size(SmemLayoutKV{}));
   static constexpr int kPdSElems = int(size(SmemLayoutPdS{}));
   static constexpr int kSmemElems = (kStagesQ + kStagesdO) * kQElems + 2 * kKVElems + 2 * kPdSElems;
-  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
+  // LSE and D of a query block (2 * kBlockM floats) travel with its Q tile, one set per Q stage.
+  static constexpr int kStatsFloats = 2 * kBlockM;
+  static_assert(kStatsFloats <= kThreads, "one thread per LSE / D value");
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element)) + kStagesQ * kStatsFloats * int(sizeof(float));
 
   static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
   static constexpr int kThreadsPerRow = (kHeadDim % 64 == 0 ? 64 : 32) / kVecElems;
@@ -95,6 +98,12 @@ struct BwdTraits {
   using LdsmT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;  // operand stored M/N-major: ldmatrix.trans
   using SmemStoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
+
+// 4-byte cp.async; src_bytes = 0 zero-fills the destination without reading the source.
+__device__ __forceinline__ void cp_async_f32(float* smem_dst, const float* gmem_src, bool valid) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(valid ? 4 : 0));
+}
 
 // ------------------------------------------------------------------------------------------- sequences, masks
 // The forward's SeqInfo plus the keys stored for the sequence: keys past seqused_k get zero gradients.
@@ -147,11 +156,11 @@ __device__ __forceinline__ int dq_index(int i, int tid) {
   return ((i / kDqVec) * kThreads + tid) * kDqVec + i % kDqVec;
 }
 
-// Adds kDqVec consecutive accumulators to dst[0 .. kDqVec).
+// Adds kDqVec consecutive accumulators to dst[0 .. kDqVec). No "memory" clobber: nothing in the main kernel
+// reads the dQ workspace, and a clobber would pin the surrounding schedule (it cost 50-130 bytes of spills).
 __device__ __forceinline__ void dq_reduce(float* dst, const float* v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
-               : "memory");
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]));
 #else
   atomicAdd(dst, v[0]);
 #endif
@@ -205,7 +214,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
   extern __shared__ __align__(128) char smem_raw[];
   const int tid = int(threadIdx.x);
-  const int head = int(blockIdx.y), batch = int(blockIdx.z), kv_head = head / p.group;
+  // Grid: (key blocks | dQ splits, heads, batch), or (heads, batch, key blocks) with p.keys_outer.
+  const bool keys_outer = !kDeterministic && p.keys_outer;
+  const int head = int(keys_outer ? blockIdx.x : blockIdx.y), batch = int(keys_outer ? blockIdx.y : blockIdx.z);
+  const int kv_head = head / p.group;
   const BwdSeq seq(p, batch);
   const Mask mask(p, seq);
   const int split = kDeterministic ? int(blockIdx.x) : 0;
@@ -231,7 +243,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
   const float* lse_ptr = p.lse + blse + int64_t(head) * p.lse_head;
   const float* dsum_ptr = p.dsum + int64_t(head) * p.rows_q + seq.q_row0;
 
-  // ---- shared memory: Q[kStagesQ] | dO[kStagesdO] | K | V | P | dS
+  // ---- shared memory: Q[kStagesQ] | dO[kStagesdO] | K | V | P | dS | (LSE, D)[kStagesQ]
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   Element* smem_q = smem;
   Element* smem_do = smem_q + Tr::kStagesQ * Tr::kQElems;
@@ -239,6 +251,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
   Element* smem_v = smem_k + Tr::kKVElems;
   Element* smem_p = smem_v + Tr::kKVElems;
   Element* smem_ds = smem_p + Tr::kPdSElems;
+  float* smem_stats = reinterpret_cast<float*>(smem_ds + Tr::kPdSElems);
   auto sQ = [&](int stage) { return make_tensor(make_smem_ptr(smem_q + stage * Tr::kQElems), typename Tr::SmemLayoutQ{}); };
   auto sQt = [&](int stage) { return make_tensor(make_smem_ptr(smem_q + stage * Tr::kQElems), typename Tr::SmemLayoutQt{}); };
   auto sdO = [&](int stage) { return make_tensor(make_smem_ptr(smem_do + stage * Tr::kQElems), typename Tr::SmemLayoutQ{}); };
@@ -318,8 +331,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
                                 : 0.f;
   const int diag_off = p.bottom_right ? seq.len_k - seq.len_q : 0;  // query i sits at key i + diag_off
   const int n_blocks = (seq.rows_k + kBlockN - 1) / kBlockN;
+  const int n_first = int(keys_outer ? blockIdx.z : blockIdx.x);
+  const int n_stride = kDeterministic ? int(gridDim.x) : n_blocks;  // deterministic: the split's key blocks
 
-  for (int n_block = int(blockIdx.x); n_block < n_blocks; n_block += int(gridDim.x)) {
+  for (int n_block = n_first; n_block < n_blocks; n_block += n_stride) {
     const int n0 = n_block * kBlockN;
     const RowRange rows = query_rows(mask, seq, n0, kBlockN);
     const int m_lo = rows.lo / kBlockM, m_hi = (rows.hi + kBlockM - 1) / kBlockM;
@@ -331,9 +346,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
 
     auto load_q_do = [&](int m_block, int q_stage, int do_stage, bool load_q, bool load_do) {
       const int rows_valid = seq.len_q - m_block * kBlockM;
-      if (load_q)
+      if (load_q) {
         load_tile<kBlockM, kHeadDim>(gmem_load, tQg(_, _, _, m_block), gthr.partition_D(sQ(q_stage)), tQc,
                                      rows_valid, p.head_dim);
+        if (tid < Tr::kStatsFloats) {  // rows past the sequence read as 0 (they are masked)
+          const int r = tid % kBlockM, row = m_block * kBlockM + r;
+          const bool valid = r < rows_valid;
+          const float* src = tid < kBlockM ? lse_ptr + int64_t(valid ? row : 0) * p.lse_row : dsum_ptr + (valid ? row : 0);
+          cp_async_f32(smem_stats + q_stage * Tr::kStatsFloats + tid, src, valid);
+        }
+      }
       if (load_do)
         load_tile<kBlockM, kHeadDim>(gmem_load, tdOg(_, _, _, m_block), gthr.partition_D(sdO(do_stage)), tQc,
                                      rows_valid, p.head_dim_v);
@@ -352,17 +374,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
         const int q_stage = step % Tr::kStagesQ, do_stage = step % Tr::kStagesdO;
         const int m0 = m_block * kBlockM;
         const bool has_next = m_block + 1 < m_hi;
-
-        // LSE and D of this thread's rows; rows past the sequence get LSE = +inf (P = 0), as do rows that saw
-        // no key in the forward (LSE = -inf there; their scores are all masked here too).
-        float lse_log2[kRows], dsum[kRows];
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const int row = m0 + get<0>(cS_rc(r, 0));
-          const float lse = row < seq.len_q ? lse_ptr[int64_t(row) * p.lse_row] : INFINITY;
-          lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-          dsum[r] = row < seq.len_q ? dsum_ptr[row] : 0.f;
-        }
 
         cute::cp_async_wait<0>();
         __syncthreads();  // Q(m), dO(m) (and K, V) landed; every warp is done with step m-1's buffers
@@ -384,15 +395,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
         // P and dS in place of S and dP.
         Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
         Tensor dp = make_tensor(acc_dp.data(), acc_rows_cols(acc_dp.layout()));
-        const bool needs_mask = mask.block_needs_mask(m0, min(kBlockM, seq.len_q - m0), n0, kBlockN);
+        const int rows_here = min(kBlockM, seq.len_q - m0);
+        const bool needs_mask = rows_here < kBlockM || mask.block_needs_mask(m0, rows_here, n0, kBlockN);
+        const float* lse_s = smem_stats + q_stage * Tr::kStatsFloats;
+        const float* dsum_s = lse_s + kBlockM;
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const int row = get<0>(cS_rc(r, 0));
           ColRange visible{0, kBlockN};
           if (needs_mask) {
-            const ColRange cr = mask.cols(m0 + row);
+            const ColRange cr = row < rows_here ? mask.cols(m0 + row) : ColRange{n0, n0};
             visible = {cr.lo - n0, cr.hi - n0};
           }
+          // A row that saw no key in the forward has LSE = -inf; its scores are all masked here too.
+          const float lse = lse_s[row];
+          const float lse_log2 = lse == -INFINITY ? 0.f : lse * kLog2e;
+          const float row_dsum = dsum_s[row];
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) {
             const int col = get<1>(cS_rc(0, c));
@@ -407,9 +425,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
               if (p.alibi != nullptr) x -= alibi_slope * float(abs(m0 + row + diag_off - n0 - col));
             }
             const bool live = col >= visible.lo && col < visible.hi;
-            const float prob = live ? fast_exp2(x * p.scale_log2 - lse_log2[r]) : 0.f;
+            const float prob = live ? fast_exp2(x * p.scale_log2 - lse_log2) : 0.f;
             s(r, c) = prob;
-            dp(r, c) = prob * (dp(r, c) - dsum[r]) * dscore;
+            dp(r, c) = prob * (dp(r, c) - row_dsum) * dscore;
           }
         }
         Tensor probs = convert_fragment<Element>(acc_s);
@@ -617,7 +635,9 @@ cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
   auto kernel = &dkdv_kernel<Tr, Mask, kScoreMods, kDeterministic>;
   if (cudaError_t e = opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
   const unsigned key_blocks = unsigned((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
-  const dim3 grid(kDeterministic ? unsigned(p.dq_splits) : key_blocks, unsigned(p.heads_q), unsigned(p.batch));
+  const dim3 grid = kDeterministic ? dim3(unsigned(p.dq_splits), unsigned(p.heads_q), unsigned(p.batch))
+                    : p.keys_outer ? dim3(unsigned(p.heads_q), unsigned(p.batch), key_blocks)
+                                   : dim3(key_blocks, unsigned(p.heads_q), unsigned(p.batch));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

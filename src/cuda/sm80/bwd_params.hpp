@@ -40,6 +40,11 @@ struct BwdParams : FwdParams {
   int64_t dq_blocks = 0;
   int64_t dq_tile = 0;
   bool deterministic = false;
+  // Grid order of the main kernel (non-deterministic): false = (key blocks, heads, batch), the key blocks of a
+  // head side by side so that they share its Q / dO / dQ lines in L2; true = (heads, batch, key blocks): CTAs are
+  // issued by key block, so under a causal mask the longest (first) key blocks of every head start first and
+  // the short ones fill the tail.
+  bool keys_outer = false;
 };
 
 // Workspace floats the backward needs for these parameters (dq_blocks, dq_tile, dq_splits set). Each section is
