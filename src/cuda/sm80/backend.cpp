@@ -144,13 +144,11 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
   BwdParams params = make_bwd_params(p, exec.deterministic != 0);
   // dQ workspace geometry (see BwdParams::dq_acc). Deterministic: enough splits (CTAs per head and batch) to fill
   // the GPU once, never more than there are key blocks.
-  const BwdTiles tiles = bwd_tiles(kernel->head_dim);
+  const BwdTiles tiles = bwd_tiles(kernel->head_dim, params.has_window);
   params.dq_tile = int64_t(tiles.block_q) * kernel->head_dim;
   params.dq_blocks = params.rows_q / tiles.block_q + p.batch + 1;
-#ifdef FLASHATTN_BWD_KEYS_OUTER  // device-run experiment hook: force the grid order
-  params.keys_outer = FLASHATTN_BWD_KEYS_OUTER;
-#else
-  params.keys_outer = params.has_window;  // causal / window: key blocks do unequal work
+#ifdef FLASHATTN_BWD_DESCENDING  // device-run experiment hook (host only): force the query-block order
+  params.queries_descending = FLASHATTN_BWD_DESCENDING;
 #endif
   if (params.deterministic) {
     int sms = 0;

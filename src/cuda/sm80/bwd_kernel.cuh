@@ -32,10 +32,10 @@ namespace bwd {
 
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): the forward's LSE is a natural log
 
-template <typename Element_, int kHeadDim_>
+template <typename Element_, int kHeadDim_, bool kWindowed_>
 struct BwdTraits {
   using Element = Element_;
-  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim_);
+  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim_, kWindowed_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kTiles.block_q;
   static constexpr int kBlockN = kTiles.block_k;
@@ -214,9 +214,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
   extern __shared__ __align__(128) char smem_raw[];
   const int tid = int(threadIdx.x);
-  // Grid: (key blocks | dQ splits, heads, batch), or (heads, batch, key blocks) with p.keys_outer.
-  const bool keys_outer = !kDeterministic && p.keys_outer;
-  const int head = int(keys_outer ? blockIdx.x : blockIdx.y), batch = int(keys_outer ? blockIdx.y : blockIdx.z);
+  const int head = int(blockIdx.y), batch = int(blockIdx.z);
   const int kv_head = head / p.group;
   const BwdSeq seq(p, batch);
   const Mask mask(p, seq);
@@ -331,7 +329,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
                                 : 0.f;
   const int diag_off = p.bottom_right ? seq.len_k - seq.len_q : 0;  // query i sits at key i + diag_off
   const int n_blocks = (seq.rows_k + kBlockN - 1) / kBlockN;
-  const int n_first = int(keys_outer ? blockIdx.z : blockIdx.x);
+  const int n_first = int(blockIdx.x);
   const int n_stride = kDeterministic ? int(gridDim.x) : n_blocks;  // deterministic: the split's key blocks
 
   for (int n_block = n_first; n_block < n_blocks; n_block += n_stride) {
@@ -366,20 +364,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
       __syncthreads();  // the previous key block's epilogue is done with shared memory
       load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n_block), tKs, tKc, keys_valid, p.head_dim);
       load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n_block), tVs, tKc, keys_valid, p.head_dim_v);
-      load_q_do(m_lo, 0, 0, true, true);
+      // Query blocks in p.queries_descending order (see BwdParams); block of step i: m_block_at(i).
+      const int steps = m_hi - m_lo;
+      auto m_block_at = [&](int step) { return p.queries_descending ? m_hi - 1 - step : m_lo + step; };
+      load_q_do(m_block_at(0), 0, 0, true, true);
       cute::cp_async_fence();
 
-      for (int m_block = m_lo; m_block < m_hi; ++m_block) {
-        const int step = m_block - m_lo;
+      for (int step = 0; step < steps; ++step) {
+        const int m_block = m_block_at(step);
         const int q_stage = step % Tr::kStagesQ, do_stage = step % Tr::kStagesdO;
         const int m0 = m_block * kBlockM;
-        const bool has_next = m_block + 1 < m_hi;
+        const bool has_next = step + 1 < steps;
 
         cute::cp_async_wait<0>();
         __syncthreads();  // Q(m), dO(m) (and K, V) landed; every warp is done with step m-1's buffers
         if (has_next) {
           // With one dO buffer the next dO waits until dV's GEMM has read this one.
-          load_q_do(m_block + 1, (step + 1) % Tr::kStagesQ, (step + 1) % Tr::kStagesdO, true, Tr::kStagesdO > 1);
+          load_q_do(m_block_at(step + 1), (step + 1) % Tr::kStagesQ, (step + 1) % Tr::kStagesdO, true,
+                    Tr::kStagesdO > 1);
           cute::cp_async_fence();
         }
 
@@ -396,17 +398,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
         Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
         Tensor dp = make_tensor(acc_dp.data(), acc_rows_cols(acc_dp.layout()));
         const int rows_here = min(kBlockM, seq.len_q - m0);
-        const bool needs_mask = rows_here < kBlockM || mask.block_needs_mask(m0, rows_here, n0, kBlockN);
         const float* lse_s = smem_stats + q_stage * Tr::kStatsFloats;
         const float* dsum_s = lse_s + kBlockM;
+        const bool needs_mask = rows_here < kBlockM || mask.block_needs_mask(m0, rows_here, n0, kBlockN);
+        // Plain kernel: a block on a mask edge (diagonal, window border, last key or query block) gets its
+        // hidden scores set to -inf first (exp2 makes them 0), so the step below has no per-score test. With
+        // softcap / ALiBi the derivative needs the unmasked logit, so those kernels test each score instead.
+        auto visible_cols = [&](int row) {
+          const ColRange cr = row < rows_here ? mask.cols(m0 + row) : ColRange{n0, n0};
+          return ColRange{cr.lo - n0, cr.hi - n0};
+        };
+        if (!kScoreMods && needs_mask) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const ColRange visible = visible_cols(get<0>(cS_rc(r, 0)));
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) {
+              const int col = get<1>(cS_rc(0, c));
+              if (col < visible.lo || col >= visible.hi) s(r, c) = -INFINITY;
+            }
+          }
+        }
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const int row = get<0>(cS_rc(r, 0));
-          ColRange visible{0, kBlockN};
-          if (needs_mask) {
-            const ColRange cr = row < rows_here ? mask.cols(m0 + row) : ColRange{n0, n0};
-            visible = {cr.lo - n0, cr.hi - n0};
-          }
+          const ColRange visible = kScoreMods && needs_mask ? visible_cols(row) : ColRange{0, kBlockN};
           // A row that saw no key in the forward has LSE = -inf; its scores are all masked here too.
           const float lse = lse_s[row];
           const float lse_log2 = lse == -INFINITY ? 0.f : lse * kLog2e;
@@ -424,8 +440,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
               }
               if (p.alibi != nullptr) x -= alibi_slope * float(abs(m0 + row + diag_off - n0 - col));
             }
-            const bool live = col >= visible.lo && col < visible.hi;
-            const float prob = live ? fast_exp2(x * p.scale_log2 - lse_log2) : 0.f;
+            float prob = fast_exp2(x * p.scale_log2 - lse_log2);
+            if constexpr (kScoreMods) prob = col >= visible.lo && col < visible.hi ? prob : 0.f;
             s(r, c) = prob;
             dp(r, c) = prob * (dp(r, c) - row_dsum) * dscore;
           }
@@ -440,7 +456,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
                        copy_dkv_b, copy_dkv_a_thr, copy_dkv_b_thr);
         if (Tr::kStagesdO == 1 && has_next) {
           __syncthreads();  // every warp's dV GEMM has read dO(m)
-          load_q_do(m_block + 1, 0, 0, false, true);
+          load_q_do(m_block_at(step + 1), 0, 0, false, true);
           cute::cp_async_fence();
         }
 
@@ -635,9 +651,7 @@ cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
   auto kernel = &dkdv_kernel<Tr, Mask, kScoreMods, kDeterministic>;
   if (cudaError_t e = opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
   const unsigned key_blocks = unsigned((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
-  const dim3 grid = kDeterministic ? dim3(unsigned(p.dq_splits), unsigned(p.heads_q), unsigned(p.batch))
-                    : p.keys_outer ? dim3(unsigned(p.heads_q), unsigned(p.batch), key_blocks)
-                                   : dim3(key_blocks, unsigned(p.heads_q), unsigned(p.batch));
+  const dim3 grid(kDeterministic ? unsigned(p.dq_splits) : key_blocks, unsigned(p.heads_q), unsigned(p.batch));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -650,11 +664,26 @@ cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
   return mods ? launch_main<Tr, Mask, true, false>(p, stream) : launch_main<Tr, Mask, false, false>(p, stream);
 }
 
+// Main kernel, then the dQ postprocess with the same tiles (it reads the workspace in the main kernel's order).
+template <class Tr, class Mask>
+cudaError_t launch_main_and_dq(const BwdParams& p, cudaStream_t stream) {
+  if (p.seqlen_k > 0)
+    if (cudaError_t e = launch_main<Tr, Mask>(p, stream); e != cudaSuccess) return e;
+  if (p.seqlen_q > 0) {
+    auto kernel = &dq_convert_kernel<Tr>;
+    constexpr int kSmemBytes = Tr::kQElems * int(sizeof(typename Tr::Element));
+    if (cudaError_t e = opt_in_smem(kernel, kSmemBytes); e != cudaSuccess) return e;
+    const dim3 grid(unsigned((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
+    kernel<<<grid, Tr::kThreads, kSmemBytes, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace bwd
 
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Tr = bwd::BwdTraits<typename ElementOf<kDtype>::type, kHeadDim>;
+  using Element = typename ElementOf<kDtype>::type;
   const int64_t q_warps = int64_t(p.heads_q) * p.rows_q;
   if (q_warps > 0)
     bwd::preprocess_kernel<kDtype><<<bwd::aux_blocks(q_warps * bwd::kWarpSize), bwd::kAuxThreads, 0, stream>>>(p);
@@ -663,20 +692,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (dq_floats > 0)
     if (cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, size_t(dq_floats) * sizeof(float), stream); e != cudaSuccess)
       return e;
-
-  if (p.seqlen_k > 0) {
-    const cudaError_t e = p.has_window ? bwd::launch_main<Tr, WindowMask>(p, stream)
-                                       : bwd::launch_main<Tr, KeyLengthMask>(p, stream);
-    if (e != cudaSuccess) return e;
-  }
-  if (p.seqlen_q > 0) {
-    auto kernel = &bwd::dq_convert_kernel<Tr>;
-    constexpr int kSmemBytes = Tr::kQElems * int(sizeof(typename Tr::Element));
-    if (cudaError_t e = bwd::opt_in_smem(kernel, kSmemBytes); e != cudaSuccess) return e;
-    const dim3 grid(unsigned((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
-    kernel<<<grid, Tr::kThreads, kSmemBytes, stream>>>(p);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
+  const cudaError_t e = p.has_window ? bwd::launch_main_and_dq<bwd::BwdTraits<Element, kHeadDim, true>, WindowMask>(p, stream)
+                                     : bwd::launch_main_and_dq<bwd::BwdTraits<Element, kHeadDim, false>, KeyLengthMask>(p, stream);
+  if (e != cudaSuccess) return e;
   if (p.group > 1) {
     const int64_t n = int64_t(p.heads_kv) * p.rows_k * (std::max(p.head_dim, p.head_dim_v) / 2);
     if (n > 0) bwd::dkdv_reduce_kernel<kDtype><<<bwd::aux_blocks(n), bwd::kAuxThreads, 0, stream>>>(p);

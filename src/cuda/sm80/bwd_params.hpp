@@ -40,11 +40,11 @@ struct BwdParams : FwdParams {
   int64_t dq_blocks = 0;
   int64_t dq_tile = 0;
   bool deterministic = false;
-  // Grid order of the main kernel (non-deterministic): false = (key blocks, heads, batch), the key blocks of a
-  // head side by side so that they share its Q / dO / dQ lines in L2; true = (heads, batch, key blocks): CTAs are
-  // issued by key block, so under a causal mask the longest (first) key blocks of every head start first and
-  // the short ones fill the tail.
-  bool keys_outer = false;
+  // Order of the main kernel's walk over the query blocks of a key block. Without a mask the key-block CTAs
+  // of a head start together and walk the same Q / dO / dQ tiles in step either way (L2 reuse); under a causal
+  // mask ascending starts each key block at its diagonal, so neighbours are out of step, and descending (FA2's
+  // order) starts them all at the last query block.
+  bool queries_descending = false;
 };
 
 // Workspace floats the backward needs for these parameters (dq_blocks, dq_tile, dq_splits set). Each section is

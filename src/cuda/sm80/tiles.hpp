@@ -36,8 +36,9 @@ namespace flashattn::cuda::sm80 {
 // dim), dQ = dS.K (block_q x head dim). Registers per thread: 2 * block_k * head_dim / threads fp32 dK/dV
 // accumulators (64 at d64, 128 at d128 and d256) + 2 * block_q * block_k / threads S/dP (128, 64, 32).
 // Shared memory = (2 * block_q [Q] + do_stages * block_q [dO] + 2 * block_k [K, V]) * head_dim * 2 bytes
-// + 2 * block_q * block_k * 2 bytes [P, dS]: 160 KiB (d64, d128), 176 KiB (d256: dO single-buffered to stay
-// inside the 227 KiB of an sm90 CTA with room to spare; sm80 parts with 164 KiB cannot run d256).
+// + 2 * block_q * block_k * 2 bytes [P, dS]: 160 KiB (d64 unmasked, d128), 96 KiB (d64 causal / window),
+// 176 KiB (d256: dO single-buffered; double-buffered (208 KiB) measured no faster; sm80 parts with 164 KiB per
+// CTA cannot run d256).
 struct BwdTiles {
   int block_q;      // query rows per main-loop step
   int block_k;      // keys per CTA
@@ -49,8 +50,11 @@ struct BwdTiles {
 };
 // The head-dim split of each warp grid is 16 * (warps / warps_along_rows) columns wide and must divide the
 // head dim: 96 (FLASHATTN_KERNELS=all) takes 4 x 2 grids where 64-column ones do not fit.
-constexpr BwdTiles bwd_tiles(int head_dim) {
-  if (head_dim <= 64) return {128, 128, 8, 2, 4, 4, 2};
+// `windowed` (causal / sliding window) picks d64's tile: 128 x 128 spills 160 bytes (ptxas sm_90) and pays
+// for it where CTAs are short; 64 x 128 (24 bytes) was 8% faster causal, 128 x 128 3-4% faster without a mask
+// (H200, src/cuda/NOTES.md, backward device run B2-2).
+constexpr BwdTiles bwd_tiles(int head_dim, bool windowed) {
+  if (head_dim <= 64) return windowed ? BwdTiles{64, 128, 8, 2, 4, 2, 2} : BwdTiles{128, 128, 8, 2, 4, 4, 2};
   if (head_dim <= 128) return {64, 128, 8, 2, 4, head_dim % 64 == 0 ? 2 : 4, 2};
   return {64, 64, 8, 4, 2, 2, 1};
 }
