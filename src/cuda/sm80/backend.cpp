@@ -147,9 +147,6 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
   const BwdTiles tiles = bwd_tiles(kernel->head_dim, params.has_window);
   params.dq_tile = int64_t(tiles.block_q) * kernel->head_dim;
   params.dq_blocks = params.rows_q / tiles.block_q + p.batch + 1;
-#ifdef FLASHATTN_BWD_DESCENDING  // device-run experiment hook (host only): force the query-block order
-  params.queries_descending = FLASHATTN_BWD_DESCENDING;
-#endif
   if (params.deterministic) {
     int sms = 0;
     if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, int(p.device_index));
