@@ -5,7 +5,7 @@ The kernels are registered as the custom ops ``flashattn::fwd`` and ``flashattn:
 ``torch.compile(fullgraph=True)`` traces them without a graph break, and CUDA-graph capture works
 (batched calls: the varlen path copies cu_seqlens to the host for validation, which a capture forbids).
 Eager calls skip the custom-op dispatcher (a torch.autograd.Function with the same forward and backward, or
-the plain forward when no input needs a gradient): its per-call cost is GPU idle time at short sequences.
+the plain forward when no input needs a gradient), which cost tens of microseconds per call.
 
 CUDA tensors run on ``torch.cuda.current_stream()``; CPU tensors run the CPU backend with
 ``torch.get_num_threads()`` threads. The backward saves q, k, v, out and the log-sum-exp only.
@@ -49,9 +49,10 @@ def _dl(t: Optional[Tensor]):
     return None if t is None else _to_dlpack(t.detach())
 
 
-# Per-call host cost matters: at seqlen 2k a d128 forward runs ~0.5 ms and every microsecond of Python before
-# the launch is GPU idle time in a loop of calls. The private torch.cuda helpers skip torch.cuda.device's
-# context-manager object and current_stream's Stream object; public fallbacks keep older torch working.
+# Per-call host cost adds up where kernels are short (decode steps, short sequences, small batches): the H200
+# measurements are in src/cuda/NOTES.md ("Session 3 device runs"). The private torch.cuda helpers skip
+# torch.cuda.device's context-manager object and current_stream's Stream object; public fallbacks keep older
+# torch working.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _exchange_device = getattr(torch.cuda, "_exchange_device", None)
 _maybe_exchange_device = getattr(torch.cuda, "_maybe_exchange_device", None)
