@@ -10,8 +10,10 @@
 //                      under the other's GEMMs) and intra-warpgroup overlap (Q.K^T of a key block and P.V of
 //                      the previous one are issued together; the softmax of the first runs while the second
 //                      is in flight)
-//   epilogue        -> normalise, stage O through shared memory, TMA store (batched) or predicated 128-bit
-//                      stores (varlen, where a box could spill into the next sequence), LSE from registers
+//   epilogue        -> normalise, then O through shared memory: TMA store (batched) or predicated 128-bit
+//                      stores (varlen, where a box could spill into the next sequence); or, for 176-key d128
+//                      whose O has no shared-memory tile of its own, straight from registers (kDirectO); LSE
+//                      from registers
 // Masks (causal both alignments, window), softcap, ALiBi, GQA, varlen and seqused_k use the policies shared
 // with the sm80 kernel (src/cuda/common/fwd_policies.cuh). Head dims below the compiled one: the TMA boxes are
 // zero filled past the tensor's real head dim, and the stores are clipped (TMA) or predicated.
@@ -290,8 +292,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   constexpr int kProducerWarpThreads = 32;
   // O from registers to global memory where it would otherwise be staged in Q's space (no room for a tile of its
   // own): the next tile's Q then loads while this tile's last P.V and epilogue run, as with a separate O tile.
-  // Packed tiles keep the staged path (their rows are (position, head) pairs).
-  constexpr bool kDirectO = !Traits::kSeparateO && Mech::kDirectEpilogue && !kPackGQA;
+  // Measured on the H200 (src/cuda/NOTES.md, session 3): +3% for 176-key d128 at 1k and 16k, even elsewhere;
+  // d256 lost 3-7% at 1k-4k (64 column-pair stores per thread against 16 stmatrix and one TMA store), so it
+  // keeps the staged path. Packed tiles keep it too (their rows are (position, head) pairs).
+  constexpr bool kDirectO = !Traits::kSeparateO && Mech::kDirectEpilogue && !kPackGQA && kHeadDim <= 128;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
