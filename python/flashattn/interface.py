@@ -20,6 +20,7 @@ from torch import Tensor
 
 from . import _C
 from .ops import ALIGN_BOTTOM_RIGHT, ALIGN_TOP_LEFT, causal_alignment_code, window_pair
+from .ops import _export as _dl  # torch tensors as DLPack capsules (detached), None as None
 
 __all__ = [
     "flash_attn_func",
@@ -37,16 +38,6 @@ def _lse_shape(q: Tensor, varlen: bool):
     if not varlen and q.dim() == 4:
         return (q.shape[0], q.shape[2], q.shape[1])
     return (0,)  # wrong rank: the core rejects q, naming it
-
-
-_to_dlpack = torch.utils.dlpack.to_dlpack
-
-
-def _dl(t: Optional[Tensor]):
-    # A DLPack capsule from torch's C exporter: Tensor.__dlpack__ (what nanobind would call) is Python code with
-    # stream hand-off logic, several microseconds per tensor, and the stream is passed to the kernels anyway.
-    # DLPack refuses tensors that require grad; the kernels never record autograd history.
-    return None if t is None else _to_dlpack(t.detach())
 
 
 # Per-call host cost adds up where kernels are short (decode steps, short sequences, small batches): the H200
@@ -86,7 +77,7 @@ def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
-    _call(_C.forward, q, _dl(q), _dl(k), _dl(v), _to_dlpack(out), _to_dlpack(lse),
+    _call(_C.forward, q, _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse),
           **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                          top_left, window_left, window_right, softcap, alibi_slopes, dropout_p))
     return out, lse
@@ -98,8 +89,7 @@ def _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    _call(_C.backward, q, _dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _to_dlpack(dq), _to_dlpack(dk),
-          _to_dlpack(dv),
+    _call(_C.backward, q, _dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
           deterministic=deterministic,
           **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                          top_left, window_left, window_right, softcap, alibi_slopes, dropout_p))

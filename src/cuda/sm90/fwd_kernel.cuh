@@ -539,7 +539,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                              range.hi * kBlockN > seq.len_k;
     auto zero_v_tail_rows = [&] {
       constexpr int kChunk = Traits::kVecElems;  // 16-byte chunks stay contiguous under the swizzle
-      constexpr int kChunksPerRow = kHeadDim / kChunk;
+      constexpr int kChunksPerRow = Traits::kVecsPerRow;
       const int first = seq.len_k - (range.hi - 1) * kBlockN;
       pipe_v.consumer_wait(v_read);  // waited for again before the P.V; the phase stays complete until released
       Tensor sVs = sV(_, _, v_read.index());
