@@ -461,11 +461,14 @@ TEST(Sm80Validation, TileShapeReported) {
   SmallCall call;  // head_dim 64: served by the d64 kernel
   fa_exec exec = fa_exec_default();
   exec.backend = FA_BACKEND_CUDA_SM80;
-  int bq = 0, bk = 0;
-  fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
-  constexpr flashattn::cuda::sm80::FwdTiles kD64 = flashattn::cuda::sm80::fwd_tiles(64);
-  EXPECT_EQ(bq, kD64.block_q);
-  EXPECT_EQ(bk, kD64.block_k);
+  for (const bool causal : {false, true}) {  // the tile depends on the mask
+    call.p.attn.causal = causal ? 1 : 0;
+    int bq = 0, bk = 0;
+    fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
+    const flashattn::cuda::sm80::FwdTiles d64 = flashattn::cuda::sm80::fwd_tiles(64, causal);
+    EXPECT_EQ(bq, d64.block_q) << "causal " << causal;
+    EXPECT_EQ(bk, d64.block_k) << "causal " << causal;
+  }
 }
 
 TEST(Sm80Validation, Sm90TileShapeReported) {

@@ -46,6 +46,8 @@ struct KeyLengthMask {
   __device__ KeyLengthMask(const FwdParams&, const SeqInfo& s) : len_k(s.len_k) {}
   __device__ BlockRange blocks(int /*m0*/, int /*rows*/, int block_n) const { return {0, (len_k + block_n - 1) / block_n}; }
   __device__ bool block_needs_mask(int /*m0*/, int /*rows*/, int n0, int block_n) const { return n0 + block_n > len_k; }
+  // Key blocks [lo, hi) that need no mask for query rows [m0, m0 + rows): block_needs_mask is false exactly there.
+  __device__ BlockRange unmasked_blocks(int /*m0*/, int /*rows*/, int block_n) const { return {0, len_k / block_n}; }
   __device__ ColRange cols(int /*row*/) const { return {0, len_k}; }
 };
 
@@ -66,6 +68,11 @@ struct WindowMask {
     const int last_col = n0 + block_n - 1;
     return last_col >= len_k || (right >= 0 && last_col > m0 + diag_off + right) ||
            (left >= 0 && n0 < m0 + rows - 1 + diag_off - left);
+  }
+  __device__ BlockRange unmasked_blocks(int m0, int rows, int block_n) const {
+    const int hi = right >= 0 ? min(len_k, m0 + diag_off + right + 1) : len_k;  // first key the top row cannot see
+    const int lo = left >= 0 ? m0 + rows - 1 + diag_off - left : 0;          // first key the bottom row sees
+    return {lo <= 0 ? 0 : (lo + block_n - 1) / block_n, hi < 0 ? 0 : hi / block_n};
   }
   __device__ ColRange cols(int row) const {
     const int diag = row + diag_off;

@@ -144,7 +144,7 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
   BwdParams params = make_bwd_params(p, exec.deterministic != 0);
   // dQ workspace geometry (see BwdParams::dq_acc). Deterministic: enough splits (CTAs per head and batch) to fill
   // the GPU once, never more than there are key blocks.
-  const BwdTiles tiles = bwd_tiles(kernel->head_dim, params.has_window);
+  const BwdTiles tiles = bwd_tiles(kernel->head_dim);
   params.dq_tile = int64_t(tiles.block_q) * kernel->head_dim;
   params.dq_blocks = params.rows_q / tiles.block_q + p.batch + 1;
   if (params.deterministic) {
@@ -180,7 +180,7 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
 detail::TileShape tile_shape(const detail::Problem& p) {
   const FwdKernel* kernel = pick_kernel(kFwdKernels, p);
   if (kernel == nullptr) return {};
-  const FwdTiles t = fwd_tiles(kernel->head_dim);
+  const FwdTiles t = fwd_tiles(kernel->head_dim, p.has_window());
   return {t.block_q, t.block_k};
 }
 

@@ -1,6 +1,6 @@
 // Backward of the sm80 backend: the FlashAttention-2 algorithm (Dao 2023, Alg. 2) written with CuTe, in the
 // style of the forward (fwd_kernel.cuh, whose tile helpers, sequence info and mask policies it reuses).
-//   1. preprocess: D = rowsum(dO * O) per (query head, row) in fp32 (the dQ workspace is zeroed by a memset).
+//   1. preprocess: D = rowsum(dO * O) per (query head, row) in fp32; the same kernel zeroes the dQ workspace.
 //   2. main (dkdv_kernel): grid = key blocks x query heads x batch. K/V of the block sit in shared memory and
 //      dK/dV in registers while the CTA walks the query blocks that see the block (causal / window skipping),
 //      Q and dO double-buffered with cp.async. Per step S = Q.K^T and dP = dO.V^T stay in registers;
@@ -32,10 +32,11 @@ namespace bwd {
 
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): the forward's LSE is a natural log
 
-template <typename Element_, int kHeadDim_, bool kWindowed_>
+// Tiles::value is the tile; dev benchmarks instantiate other shapes to measure them against bwd_tiles().
+template <typename Element_, int kHeadDim_, class Tiles = DefaultBwdTiles<kHeadDim_>>
 struct BwdTraits {
   using Element = Element_;
-  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim_, kWindowed_);
+  static constexpr BwdTiles kTiles = Tiles::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kTiles.block_q;
   static constexpr int kBlockN = kTiles.block_k;
@@ -342,8 +343,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
     clear(acc_dk);
     clear(acc_dv);
 
-    auto load_q_do = [&](int m_block, int q_stage, int do_stage, bool load_q, bool load_do) {
-      const int rows_valid = seq.len_q - m_block * kBlockM;
+    // rows_valid: rows of the block inside the sequence (kBlockM for a whole block).
+    auto load_q_do = [&](int m_block, int rows_valid, int q_stage, int do_stage, bool load_q,
+                         bool load_do) CUTLASS_LAMBDA_FUNC_INLINE {
       if (load_q) {
         load_tile<kBlockM, kHeadDim>(gmem_load, tQg(_, _, _, m_block), gthr.partition_D(sQ(q_stage)), tQc,
                                      rows_valid, p.head_dim);
@@ -364,14 +366,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
       __syncthreads();  // the previous key block's epilogue is done with shared memory
       load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n_block), tKs, tKc, keys_valid, p.head_dim);
       load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n_block), tVs, tKc, keys_valid, p.head_dim_v);
-      // Query blocks in p.queries_descending order (see BwdParams); block of step i: m_block_at(i).
+      // Query blocks walk down from the last (FA2's order): without a mask the key-block CTAs of a head walk the
+      // same Q / dO / dQ tiles in step (L2 reuse) either way; under a causal mask ascending would start each key
+      // block at its diagonal, out of step with its neighbours (descending measured 0-3% faster, NOTES.md B2-3).
+      // Only the first block can be partial, so the loads of the next block are never row-predicated.
       const int steps = m_hi - m_lo;
-      auto m_block_at = [&](int step) { return p.queries_descending ? m_hi - 1 - step : m_lo + step; };
-      load_q_do(m_block_at(0), 0, 0, true, true);
+      load_q_do(m_hi - 1, seq.len_q - (m_hi - 1) * kBlockM, 0, 0, true, true);
       cute::cp_async_fence();
 
-      for (int step = 0; step < steps; ++step) {
-        const int m_block = m_block_at(step);
+      // One step per query block, compiled in two forms: edge blocks (partial, or on a mask border) set the
+      // hidden scores to -inf; interior blocks are straight-line code without the mask test.
+      auto step_body = [&](const int step, auto edge) CUTLASS_LAMBDA_FUNC_INLINE {
+        constexpr bool kEdge = decltype(edge)::value;
+        const int m_block = m_hi - 1 - step;
         const int q_stage = step % Tr::kStagesQ, do_stage = step % Tr::kStagesdO;
         const int m0 = m_block * kBlockM;
         const bool has_next = step + 1 < steps;
@@ -380,7 +387,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
         __syncthreads();  // Q(m), dO(m) (and K, V) landed; every warp is done with step m-1's buffers
         if (has_next) {
           // With one dO buffer the next dO waits until dV's GEMM has read this one.
-          load_q_do(m_block_at(step + 1), (step + 1) % Tr::kStagesQ, (step + 1) % Tr::kStagesdO, true,
+          load_q_do(m_block - 1, kBlockM, (step + 1) % Tr::kStagesQ, (step + 1) % Tr::kStagesdO, true,
                     Tr::kStagesdO > 1);
           cute::cp_async_fence();
         }
@@ -400,7 +407,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
         const int rows_here = min(kBlockM, seq.len_q - m0);
         const float* lse_s = smem_stats + q_stage * Tr::kStatsFloats;
         const float* dsum_s = lse_s + kBlockM;
-        const bool needs_mask = rows_here < kBlockM || mask.block_needs_mask(m0, rows_here, n0, kBlockN);
         // Plain kernel: a block on a mask edge (diagonal, window border, last key or query block) gets its
         // hidden scores set to -inf first (exp2 makes them 0), so the step below has no per-score test. With
         // softcap / ALiBi the derivative needs the unmasked logit, so those kernels test each score instead.
@@ -408,7 +414,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
           const ColRange cr = row < rows_here ? mask.cols(m0 + row) : ColRange{n0, n0};
           return ColRange{cr.lo - n0, cr.hi - n0};
         };
-        if (!kScoreMods && needs_mask) {
+        if constexpr (!kScoreMods && kEdge) {
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r) {
             const ColRange visible = visible_cols(get<0>(cS_rc(r, 0)));
@@ -422,7 +428,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const int row = get<0>(cS_rc(r, 0));
-          const ColRange visible = kScoreMods && needs_mask ? visible_cols(row) : ColRange{0, kBlockN};
+          const ColRange visible = kScoreMods && kEdge ? visible_cols(row) : ColRange{0, kBlockN};
           // A row that saw no key in the forward has LSE = -inf; its scores are all masked here too.
           const float lse = lse_s[row];
           const float lse_log2 = lse == -INFINITY ? 0.f : lse * kLog2e;
@@ -456,7 +462,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
                        copy_dkv_b, copy_dkv_a_thr, copy_dkv_b_thr);
         if (Tr::kStagesdO == 1 && has_next) {
           __syncthreads();  // every warp's dV GEMM has read dO(m)
-          load_q_do(m_block_at(step + 1), 0, 0, false, true);
+          load_q_do(m_block - 1, kBlockM, 0, 0, false, true);
           cute::cp_async_fence();
         }
 
@@ -482,6 +488,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
 
         gemm_smem_smem(acc_dk, rdSt, rQt, tdKsdSt, copy_dkv_b_thr.partition_S(sQt(q_stage)), mma_dkv, copy_dkv_a,
                        copy_dkv_b, copy_dkv_a_thr, copy_dkv_b_thr);
+      };
+      for (int step = 0; step < steps; ++step) {
+        const int m0 = (m_hi - 1 - step) * kBlockM;
+        const int rows_here = min(kBlockM, seq.len_q - m0);
+        if (rows_here < kBlockM || mask.block_needs_mask(m0, rows_here, n0, kBlockN)) step_body(step, std::true_type{});
+        else step_body(step, std::false_type{});
       }
     }
 
@@ -562,7 +574,6 @@ struct Native<FA_BFLOAT16> {
   static __device__ T2 from_float2(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 
-constexpr int kWarpSize = 32;
 constexpr int kAuxThreads = 256;  // preprocess / postprocess block size
 
 // Element offset of global row g of a batched (g = b * seqlen + r) or varlen (g = global row) tensor.
@@ -571,30 +582,48 @@ __device__ inline int64_t global_row_offset(bool varlen, int64_t g, int64_t seql
   return varlen ? g * row_stride : (g / seqlen) * batch_stride + (g % seqlen) * row_stride;
 }
 
-// One warp per (query head, global row): D = sum_c dO * O in fp32.
+// D = rowsum(dO * O) in fp32 for every (query head, global row), kPreRowThreads threads per row reading 16-byte
+// vectors; the same threads zero the fp32 dQ workspace (dq_floats of it), as FA2 does, instead of a memset
+// behind the kernel. One warp per row with 4-byte loads, plus the memset, took 170 us where FA2 takes 73 at
+// d64 and 16k tokens (H200, src/cuda/NOTES.md, session 4).
+constexpr int kPreRowThreads = 8;
 template <fa_dtype kDtype>
-__global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams p, int64_t dq_floats) {
   using N = Native<kDtype>;
   using T2 = typename N::T2;
-  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (w >= int64_t(p.heads_q) * p.rows_q) return;
-  const int h = int(w / p.rows_q);
-  const int64_t g = w % p.rows_q;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const T2* o = reinterpret_cast<const T2*>(static_cast<const typename N::T*>(p.out) +
-                                            global_row_offset(varlen, g, p.seqlen_q, p.o_batch, p.o_row) +
-                                            int64_t(h) * p.o_head);
-  const T2* d = reinterpret_cast<const T2*>(static_cast<const typename N::T*>(p.dout) +
-                                            global_row_offset(varlen, g, p.seqlen_q, p.do_batch, p.do_row) +
-                                            int64_t(h) * p.do_head);
+  constexpr int kVec = int(sizeof(uint4) / sizeof(typename N::T));
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = int64_t(gridDim.x) * blockDim.x;
+  float4* dq4 = reinterpret_cast<float4*>(p.dq_acc);  // 16-byte aligned workspace section
+  for (int64_t i = t; i < dq_floats / 4; i += threads) dq4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (t < dq_floats % 4) p.dq_acc[dq_floats / 4 * 4 + t] = 0.f;
+
+  const int64_t w = t / kPreRowThreads;
+  const int sub = int(t % kPreRowThreads);
+  const bool live = w < int64_t(p.heads_q) * p.rows_q;  // the shuffles below need every lane, live or not
   float acc = 0.f;
-  for (int c = lane; c < p.head_dim_v / 2; c += kWarpSize) {
-    const float2 a = N::to_float2(o[c]), e = N::to_float2(d[c]);
-    acc = fmaf(a.x, e.x, fmaf(a.y, e.y, acc));
+  if (live) {
+    const int h = int(w / p.rows_q);
+    const int64_t g = w % p.rows_q;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const auto* o = static_cast<const typename N::T*>(p.out) +
+                    global_row_offset(varlen, g, p.seqlen_q, p.o_batch, p.o_row) + int64_t(h) * p.o_head;
+    const auto* d = static_cast<const typename N::T*>(p.dout) +
+                    global_row_offset(varlen, g, p.seqlen_q, p.do_batch, p.do_row) + int64_t(h) * p.do_head;
+    // Rows start 16-byte aligned and head_dim_v is a multiple of 8 (the backend's requirements).
+    for (int c = sub * kVec; c < p.head_dim_v; c += kPreRowThreads * kVec) {
+      const uint4 a = *reinterpret_cast<const uint4*>(o + c), e = *reinterpret_cast<const uint4*>(d + c);
+      const T2* a2 = reinterpret_cast<const T2*>(&a);
+      const T2* e2 = reinterpret_cast<const T2*>(&e);
+      CUTE_UNROLL
+      for (int j = 0; j < kVec / 2; ++j) {
+        const float2 x = N::to_float2(a2[j]), y = N::to_float2(e2[j]);
+        acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+      }
+    }
   }
-  for (int m = kWarpSize / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  if (lane == 0) p.dsum[w] = acc;
+  for (int m = kPreRowThreads / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  if (live && sub == 0) p.dsum[w] = acc;
 }
 
 // Rows of the workspace that belong to a sequence (varlen tensors may hold rows past the last sequence).
@@ -638,6 +667,17 @@ __global__ void __launch_bounds__(kAuxThreads) dkdv_reduce_kernel(const BwdParam
 }
 
 inline unsigned aux_blocks(int64_t threads) { return unsigned((threads + kAuxThreads - 1) / kAuxThreads); }
+
+// D and the zeroed dQ workspace (its dq_splits * heads_q * dq_blocks * dq_tile floats).
+template <fa_dtype kDtype>
+cudaError_t launch_preprocess(const BwdParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.heads_q) * p.rows_q;
+  const int64_t dq_floats = int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile;
+  if (rows == 0 && dq_floats == 0) return cudaSuccess;
+  preprocess_kernel<kDtype><<<aux_blocks(std::max<int64_t>(rows * kPreRowThreads, 1)), kAuxThreads, 0, stream>>>(
+      p, dq_floats);
+  return cudaGetLastError();
+}
 
 template <class Kernel>
 cudaError_t opt_in_smem(Kernel kernel, int bytes) {
@@ -684,16 +724,10 @@ cudaError_t launch_main_and_dq(const BwdParams& p, cudaStream_t stream) {
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
-  const int64_t q_warps = int64_t(p.heads_q) * p.rows_q;
-  if (q_warps > 0)
-    bwd::preprocess_kernel<kDtype><<<bwd::aux_blocks(q_warps * bwd::kWarpSize), bwd::kAuxThreads, 0, stream>>>(p);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const int64_t dq_floats = int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile;
-  if (dq_floats > 0)
-    if (cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, size_t(dq_floats) * sizeof(float), stream); e != cudaSuccess)
-      return e;
-  const cudaError_t e = p.has_window ? bwd::launch_main_and_dq<bwd::BwdTraits<Element, kHeadDim, true>, WindowMask>(p, stream)
-                                     : bwd::launch_main_and_dq<bwd::BwdTraits<Element, kHeadDim, false>, KeyLengthMask>(p, stream);
+  if (cudaError_t e = bwd::launch_preprocess<kDtype>(p, stream); e != cudaSuccess) return e;
+  using Traits = bwd::BwdTraits<Element, kHeadDim>;
+  const cudaError_t e = p.has_window ? bwd::launch_main_and_dq<Traits, WindowMask>(p, stream)
+                                     : bwd::launch_main_and_dq<Traits, KeyLengthMask>(p, stream);
   if (e != cudaSuccess) return e;
   if (p.group > 1) {
     const int64_t n = int64_t(p.heads_kv) * p.rows_k * (std::max(p.head_dim, p.head_dim_v) / 2);

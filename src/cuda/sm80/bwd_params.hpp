@@ -40,11 +40,6 @@ struct BwdParams : FwdParams {
   int64_t dq_blocks = 0;
   int64_t dq_tile = 0;
   bool deterministic = false;
-  // Order of the main kernel's walk over the query blocks of a key block. Without a mask the key-block CTAs
-  // of a head start together and walk the same Q / dO / dQ tiles in step either way (L2 reuse); under a causal
-  // mask ascending starts each key block at its diagonal, so neighbours are out of step, and descending (FA2's
-  // order) starts them all at the last query block. Descending measured 0-3% faster (H200, NOTES.md run B2-3).
-  bool queries_descending = true;
 };
 
 // Workspace floats the backward needs for these parameters (dq_blocks, dq_tile, dq_splits set). Each section is

@@ -23,10 +23,11 @@ namespace flashattn::cuda::sm80 {
 
 using namespace cute;
 
-template <typename Element_, int kHeadDim_>
+// Tiles::value is the tile; dev benchmarks instantiate other shapes to measure them against fwd_tiles().
+template <typename Element_, int kHeadDim_, bool kWindowed_, class Tiles = DefaultFwdTiles<kHeadDim_, kWindowed_>>
 struct FwdTraits {
   using Element = Element_;
-  static constexpr FwdTiles kTiles = fwd_tiles(kHeadDim_);
+  static constexpr FwdTiles kTiles = Tiles::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kTiles.block_q;
   static constexpr int kBlockN = kTiles.block_k;
@@ -244,42 +245,52 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const BlockRange range = mask.blocks(m0, rows_here, kBlockN);
   const ScoreMods mods(p, seq, tile.batch, tile.head);
 
-  // ---- mainloop: key blocks from the last to the first, so the one partial (masked) block comes first
+  // ---- mainloop: key blocks from the last to the first, so the one partial block comes first. One step per
+  // block; a step is compiled in two forms: edge blocks (the first, and those on a mask border) take the
+  // predicated V load and the mask test, interior blocks run neither, so their loop body is straight-line code
+  // the compiler can schedule across (FA2 splits its loop the same way).
+  auto step = [&](const int n, auto first, auto edge) CUTLASS_LAMBDA_FUNC_INLINE {
+    constexpr bool kFirst = decltype(first)::value, kEdge = decltype(edge)::value;
+    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    cute::cp_async_wait<0>();
+    __syncthreads();  // K(n) (and Q) landed; every warp is done reading V(n+1)
+    // V(n) streams in while S = Q.K^T is computed. Only the sequence's last key block can be partial, and when
+    // visited it is the first.
+    const int n0 = n * kBlockN;
+    load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n), tVs, tKVc, kFirst ? seq.len_k - n0 : kBlockN,
+                                 p.head_dim_v);
+    cute::cp_async_fence();
+    gemm_smem_smem(acc_s, rQ, rK, tSsQ, tSsK, mma, smem_q, smem_k, smem_q_thr, smem_k_thr);
+
+    Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
+    if constexpr (kScoreMods) mods.apply(s, cS_rc, m0, n0);
+    if constexpr (kEdge)
+      if (mask.block_needs_mask(m0, rows_here, n0, kBlockN)) apply_mask(mask, s, cS_rc, m0, n0);
+
+    cute::cp_async_wait<0>();
+    __syncthreads();  // V(n) landed; every warp is done reading K(n)
+    if (n > range.lo) {  // K(n - 1) is a whole block: it lies below the first
+      load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, kBlockN, p.head_dim);
+      cute::cp_async_fence();
+    }
+
+    softmax.template update<kFirst>(s, acc_o_rc, p.scale_log2);
+    Tensor probs = convert_fragment<Element>(acc_s);
+    Tensor rP = make_tensor(probs.data(), acc_as_a_operand(probs.layout()));
+    gemm_reg_smem(acc_o, rP, rVt, tOsVt, mma, smem_v, smem_v_thr);
+  };
   if (range.hi > range.lo) {
     int n = range.hi - 1;
     load_tile<kBlockM, kHeadDim>(gmem_load, tQg, tQs, tQc, rows_here, p.head_dim);
     load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n), tKs, tKVc, seq.len_k - n * kBlockN, p.head_dim);
     cute::cp_async_fence();
-
-    for (bool first = true; n >= range.lo; --n, first = false) {
-      Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      clear(acc_s);
-      cute::cp_async_wait<0>();
-      __syncthreads();  // K(n) (and Q) landed; every warp is done reading V(n+1)
-      // V(n) streams in while S = Q.K^T is computed.
-      load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n), tVs, tKVc, seq.len_k - n * kBlockN, p.head_dim_v);
-      cute::cp_async_fence();
-      gemm_smem_smem(acc_s, rQ, rK, tSsQ, tSsK, mma, smem_q, smem_k, smem_q_thr, smem_k_thr);
-
-      Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
-      const int n0 = n * kBlockN;
-      if constexpr (kScoreMods) mods.apply(s, cS_rc, m0, n0);
-      if (mask.block_needs_mask(m0, rows_here, n0, kBlockN)) apply_mask(mask, s, cS_rc, m0, n0);
-
-      cute::cp_async_wait<0>();
-      __syncthreads();  // V(n) landed; every warp is done reading K(n)
-      if (n > range.lo) {
-        load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, seq.len_k - (n - 1) * kBlockN, p.head_dim);
-        cute::cp_async_fence();
-      }
-
-      if (first) softmax.template update<true>(s, acc_o_rc, p.scale_log2);
-      else softmax.template update<false>(s, acc_o_rc, p.scale_log2);
-
-      Tensor probs = convert_fragment<Element>(acc_s);
-      Tensor rP = make_tensor(probs.data(), acc_as_a_operand(probs.layout()));
-      gemm_reg_smem(acc_o, rP, rVt, tOsVt, mma, smem_v, smem_v_thr);
-    }
+    // Blocks >= inner.hi (diagonal, right window border) and < inner.lo (left window border) are edges.
+    const BlockRange inner = mask.unmasked_blocks(m0, rows_here, kBlockN);
+    step(n--, std::true_type{}, std::true_type{});
+    for (; n >= max(inner.hi, range.lo); --n) step(n, std::false_type{}, std::true_type{});
+    for (; n >= max(inner.lo, range.lo); --n) step(n, std::false_type{}, std::false_type{});
+    for (; n >= range.lo; --n) step(n, std::false_type{}, std::true_type{});
   }
 
   // ---- epilogue

@@ -21,17 +21,18 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
 
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Traits = FwdTraits<typename ElementOf<kDtype>::type, kHeadDim>;
+  using Element = typename ElementOf<kDtype>::type;
+  using Windowed = FwdTraits<Element, kHeadDim, true>;
+  using Plain = FwdTraits<Element, kHeadDim, false>;
   const bool mods = p.softcap > 0.f || p.alibi != nullptr;
   if (p.has_window)
-    return mods ? launch_kernel<Traits, WindowMask, true>(p, stream) : launch_kernel<Traits, WindowMask, false>(p, stream);
-  return mods ? launch_kernel<Traits, KeyLengthMask, true>(p, stream)
-              : launch_kernel<Traits, KeyLengthMask, false>(p, stream);
+    return mods ? launch_kernel<Windowed, WindowMask, true>(p, stream) : launch_kernel<Windowed, WindowMask, false>(p, stream);
+  return mods ? launch_kernel<Plain, KeyLengthMask, true>(p, stream) : launch_kernel<Plain, KeyLengthMask, false>(p, stream);
 }
 
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
-  using Traits = FwdTraits<typename ElementOf<kDtype>::type, kHeadDim>;
+  using Traits = FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, false>;
   return cudaFuncGetAttributes(attributes, &fwd_kernel<Traits, KeyLengthMask, false>);
 }
 

@@ -10,20 +10,25 @@ struct FwdTiles {
   int warps;    // warps per CTA; each owns block_q / warps query rows (FA2: warps split the queries)
 };
 
-// `head_dim` is the kernel's compiled head dim (the problem's max(d, dv) rounded up to a built one).
-// The register file decides first: each thread holds block_q * head_dim / threads fp32 output accumulators
-// plus block_q * block_k / threads scores, next to the ldmatrix operands of two k-slices; these sizes compile
-// without spills on sm_90 (ptxas -v; d256: 8 bytes). FA2's 128x128 (d64) and 128x64 (d128) tiles spilled here and ran at a
-// third / half of FA2's speed (src/cuda/NOTES.md, run 1). Among spill-free shapes the H200 measurements of
-// run 3 picked: 128-row CTAs for d64/d128 (64-row ones were 7-10% slower: K/V are read from shared memory
-// once per 64 instead of 128 query rows), and for d256 64x64 with 4 warps: 96 KiB of shared memory, so two
-// CTAs share an SM and hide each other's barriers, 6-19% faster than one 128x64 CTA of 8 warps (128 KiB).
-// Shared memory = (block_q + 2 * block_k) * head_dim * 2 bytes: 32 KiB (d64), 48 KiB (d128), 96 KiB (d256).
-constexpr FwdTiles fwd_tiles(int head_dim) {
-  if (head_dim <= 64) return {128, 64, 4};   // 64 O + 64 S accumulators per thread
-  if (head_dim <= 128) return {128, 32, 4};  // 128 O + 32 S
-  return {64, 64, 4};                        // 128 O + 32 S
+// `head_dim` is the kernel's compiled head dim (the problem's max(d, dv) rounded up to a built one); `windowed`:
+// causal or sliding window. Each thread holds block_q * head_dim / threads fp32 output accumulators plus
+// block_q * block_k / threads scores. FA2's tiles (128 x 128 at d64, 128 x 64 at d128 and, with 8 warps, at d256)
+// exceed the register file a little (ptxas sm_90: 100-250 bytes of spills) and are still the fastest once the
+// mainloop's interior blocks run without mask and predication code (H200, src/cuda/NOTES.md, session 4):
+// d128 128 x 64 is 4-9% faster than the spill-free 128 x 32. Under a causal mask, where the short CTAs of the
+// diagonal make the tail, smaller CTAs win at 1k-4k: d64 keeps 128 x 64 (128 x 128: 0.97x FA2 at 1k), d256
+// 64 x 64 with 4 warps (two CTAs per SM; 128 x 64 x 8 warps: 0.89-0.96x FA2 at 1k-4k).
+// Shared memory = (block_q + 2 * block_k) * head_dim * 2 bytes: 48 / 32 KiB (d64), 64 KiB (d128), 128 / 96 KiB
+// (d256).
+constexpr FwdTiles fwd_tiles(int head_dim, bool windowed) {
+  if (head_dim <= 64) return windowed ? FwdTiles{128, 64, 4} : FwdTiles{128, 128, 4};
+  if (head_dim <= 128) return {128, 64, 4};
+  return windowed ? FwdTiles{64, 64, 4} : FwdTiles{128, 64, 8};
 }
+template <int kHeadDim, bool kWindowed>
+struct DefaultFwdTiles {
+  static constexpr FwdTiles value = fwd_tiles(kHeadDim, kWindowed);
+};
 
 }  // namespace flashattn::cuda::sm80
 
@@ -50,13 +55,16 @@ struct BwdTiles {
 };
 // The head-dim split of each warp grid is 16 * (warps / warps_along_rows) columns wide and must divide the
 // head dim: 96 (FLASHATTN_KERNELS=all) takes 4 x 2 grids where 64-column ones do not fit.
-// `windowed` (causal / sliding window) picks d64's tile: 128 x 128 spills 160 bytes (ptxas sm_90) and pays
-// for it where CTAs are short; 64 x 128 (24 bytes) was 8% faster causal, 128 x 128 3-4% faster without a mask
-// (H200, src/cuda/NOTES.md, backward device run B2-2).
-constexpr BwdTiles bwd_tiles(int head_dim, bool windowed) {
-  if (head_dim <= 64) return windowed ? BwdTiles{64, 128, 8, 2, 4, 2, 2} : BwdTiles{128, 128, 8, 2, 4, 4, 2};
+// d64 takes FA2's warp grids (4 x 2 for S/dP and dQ): 6-9% faster than 2 x 4 grids, and under a causal mask
+// 128 x 128 beats 64 x 128 by 5-11% (H200, src/cuda/NOTES.md, session 4).
+constexpr BwdTiles bwd_tiles(int head_dim) {
+  if (head_dim <= 64) return {128, 128, 8, 4, 4, 4, 2};
   if (head_dim <= 128) return {64, 128, 8, 2, 4, head_dim % 64 == 0 ? 2 : 4, 2};
   return {64, 64, 8, 4, 2, 2, 1};
 }
+template <int kHeadDim>
+struct DefaultBwdTiles {
+  static constexpr BwdTiles value = bwd_tiles(kHeadDim);
+};
 
 }  // namespace flashattn::cuda::sm80

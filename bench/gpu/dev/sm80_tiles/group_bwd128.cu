@@ -1,0 +1,5 @@
+#include "variants.cuh"
+void add_bwd128(std::vector<Variant>& v) {
+  BWD("64x128 2,4,2 (new)", 128, 0, 64, 128, 8, 2, 4, 2, 2);
+  BWD("64x128 2,4,2 (new)", 128, 1, 64, 128, 8, 2, 4, 2, 2);
+}
