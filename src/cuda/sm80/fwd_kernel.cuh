@@ -301,7 +301,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});
   auto smem_o = make_tiled_copy_C(typename Traits::SmemStoreO{}, mma);
   auto smem_o_thr = smem_o.get_thread_slice(tid);
-  __syncthreads();  // every warp is done reading Q (and V) before O overwrites Q's space
+  // No barrier before O overwrites Q's space: the last step's second barrier came after every warp's last read
+  // of Q (its S = Q.K^T), and no copy into Q is in flight.
   cute::copy(smem_o, smem_o_thr.retile_S(out_frag), smem_o_thr.partition_D(sO));
 
   if (p.lse != nullptr) {

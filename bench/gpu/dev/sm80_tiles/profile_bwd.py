@@ -3,13 +3,14 @@ to see which of the kernels (preprocess, dQ zeroing, main, dQ convert) makes a d
 
     python3 profile_bwd.py LIB hdim causal seqlen [variant-name-substring]
 """
-import ctypes as C
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
+
+from sm80_tiles import load
 
 
 def kernel_times(fn, reps=20):
@@ -28,15 +29,9 @@ def kernel_times(fn, reps=20):
 
 
 def main():
-    lib = C.CDLL(sys.argv[1])
+    lib = load(sys.argv[1])
     d, causal, s = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     want = sys.argv[5] if len(sys.argv) > 5 else ""
-    P = C.c_void_p
-    lib.v_name.restype = C.c_char_p
-    lib.v_dq_floats.restype = C.c_longlong
-    lib.v_dq_floats.argtypes = [C.c_int] * 5
-    lib.v_fwd.argtypes = [C.c_int, P, P, P, P, P] + [C.c_int] * 4 + [P]
-    lib.v_bwd.argtypes = [C.c_int] + [P] * 11 + [C.c_int] * 4 + [P]
     ids = [i for i in range(lib.v_count()) if lib.v_head_dim(i) == d and lib.v_causal(i) == causal]
     fwd = next(i for i in ids if not lib.v_backward(i))
     bwd = [i for i in ids if lib.v_backward(i) and want in lib.v_name(i).decode()][0]

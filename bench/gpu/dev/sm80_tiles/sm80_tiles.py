@@ -15,15 +15,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 
-def main():
-    args = sys.argv[1:]
-    lib = C.CDLL(args.pop(0))
+def load(path):
+    """libsm80_tiles.so with the signatures of api.cu."""
+    lib = C.CDLL(path)
     P = C.c_void_p
     lib.v_name.restype = C.c_char_p
     lib.v_dq_floats.restype = C.c_longlong
     lib.v_dq_floats.argtypes = [C.c_int] * 5
     lib.v_fwd.argtypes = [C.c_int, P, P, P, P, P] + [C.c_int] * 4 + [P]
     lib.v_bwd.argtypes = [C.c_int] + [P] * 11 + [C.c_int] * 4 + [P]
+    return lib
+
+
+def main():
+    args = sys.argv[1:]
+    lib = load(args.pop(0))
     only = None
     if "--only" in args:
         i = args.index("--only"); only = args[i + 1]; del args[i:i + 2]
