@@ -13,7 +13,7 @@ struct FwdTiles {
 // `head_dim` is the kernel's compiled head dim (the problem's max(d, dv) rounded up to a built one); `windowed`:
 // causal or sliding window. Each thread holds block_q * head_dim / threads fp32 output accumulators plus
 // block_q * block_k / threads scores. FA2's tiles (128 x 128 at d64, 128 x 64 at d128 and, with 8 warps, at d256)
-// exceed the register file a little (ptxas sm_90: 100-250 bytes of spills) and are still the fastest once the
+// exceed the register file a little (ptxas sm_90a: 40-250 bytes of spills) and are still the fastest once the
 // mainloop's interior blocks run without mask and predication code (H200, src/cuda/NOTES.md, session 4):
 // d128 128 x 64 is 4-9% faster than the spill-free 128 x 32. Under a causal mask, where the short CTAs of the
 // diagonal make the tail, smaller CTAs win at 1k-4k: d64 keeps 128 x 64 (128 x 128: 0.97x FA2 at 1k), d256
@@ -56,7 +56,7 @@ struct BwdTiles {
 // The head-dim split of each warp grid is 16 * (warps / warps_along_rows) columns wide and must divide the
 // head dim: 96 (FLASHATTN_KERNELS=all) takes 4 x 2 grids where 64-column ones do not fit.
 // d64 takes FA2's warp grids (4 x 2 for S/dP and dQ): 6-9% faster than 2 x 4 grids, and under a causal mask
-// 128 x 128 beats 64 x 128 by 5-11% (H200, src/cuda/NOTES.md, session 4).
+// 128 x 128 beats 64 x 128 by 7-12% (H200, src/cuda/NOTES.md, session 4).
 constexpr BwdTiles bwd_tiles(int head_dim) {
   if (head_dim <= 64) return {128, 128, 8, 4, 4, 4, 2};
   if (head_dim <= 128) return {64, 128, 8, 2, 4, head_dim % 64 == 0 ? 2 : 4, 2};
