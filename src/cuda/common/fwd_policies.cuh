@@ -14,11 +14,12 @@
 
 namespace flashattn::cuda {
 
-// Where the sequence of batch entry b lives, and its lengths.
+// Where the sequence of batch entry b lives, and its lengths. SeqInfo and the mask policies are host-callable too:
+// tests/gpu/mask_policy_test.cu checks their block arithmetic on the host.
 struct SeqInfo {
   int q_start = 0, k_start = 0;  // varlen: first global row; batched: 0
   int len_q = 0, len_k = 0;
-  __device__ SeqInfo(const FwdParams& p, int b) {
+  __host__ __device__ SeqInfo(const FwdParams& p, int b) {
     if (p.cu_seqlens_q != nullptr) {
       q_start = p.cu_seqlens_q[b];
       k_start = p.cu_seqlens_k[b];
@@ -43,38 +44,44 @@ struct ColRange {
 // Only the keys past the end of the sequence are masked.
 struct KeyLengthMask {
   int len_k;
-  __device__ KeyLengthMask(const FwdParams&, const SeqInfo& s) : len_k(s.len_k) {}
-  __device__ BlockRange blocks(int /*m0*/, int /*rows*/, int block_n) const { return {0, (len_k + block_n - 1) / block_n}; }
-  __device__ bool block_needs_mask(int /*m0*/, int /*rows*/, int n0, int block_n) const { return n0 + block_n > len_k; }
+  __host__ __device__ KeyLengthMask(const FwdParams&, const SeqInfo& s) : len_k(s.len_k) {}
+  __host__ __device__ BlockRange blocks(int /*m0*/, int /*rows*/, int block_n) const {
+    return {0, (len_k + block_n - 1) / block_n};
+  }
+  __host__ __device__ bool block_needs_mask(int /*m0*/, int /*rows*/, int n0, int block_n) const {
+    return n0 + block_n > len_k;
+  }
   // Key blocks [lo, hi) that need no mask for query rows [m0, m0 + rows): block_needs_mask is false exactly there.
-  __device__ BlockRange unmasked_blocks(int /*m0*/, int /*rows*/, int block_n) const { return {0, len_k / block_n}; }
-  __device__ ColRange cols(int /*row*/) const { return {0, len_k}; }
+  __host__ __device__ BlockRange unmasked_blocks(int /*m0*/, int /*rows*/, int block_n) const {
+    return {0, len_k / block_n};
+  }
+  __host__ __device__ ColRange cols(int /*row*/) const { return {0, len_k}; }
 };
 
 // Causal or sliding window: query i sees keys [i + off - left, i + off + right] (a side of -1 is unbounded).
 // With both sides unbounded it is KeyLengthMask at the price of a few integer operations per key block.
 struct WindowMask {
   int len_k, diag_off, left, right;
-  __device__ WindowMask(const FwdParams& p, const SeqInfo& s)
+  __host__ __device__ WindowMask(const FwdParams& p, const SeqInfo& s)
       : len_k(s.len_k), diag_off(p.bottom_right ? s.len_k - s.len_q : 0), left(p.window_left), right(p.window_right) {}
   // Key blocks touched by query rows [m0, m0 + rows).
-  __device__ BlockRange blocks(int m0, int rows, int block_n) const {
+  __host__ __device__ BlockRange blocks(int m0, int rows, int block_n) const {
     const int hi = right >= 0 ? min(len_k, m0 + rows - 1 + diag_off + right + 1) : len_k;
     const int lo = left >= 0 ? max(0, m0 + diag_off - left) : 0;
     if (hi <= lo) return {0, 0};
     return {lo / block_n, (hi + block_n - 1) / block_n};
   }
-  __device__ bool block_needs_mask(int m0, int rows, int n0, int block_n) const {
+  __host__ __device__ bool block_needs_mask(int m0, int rows, int n0, int block_n) const {
     const int last_col = n0 + block_n - 1;
     return last_col >= len_k || (right >= 0 && last_col > m0 + diag_off + right) ||
            (left >= 0 && n0 < m0 + rows - 1 + diag_off - left);
   }
-  __device__ BlockRange unmasked_blocks(int m0, int rows, int block_n) const {
+  __host__ __device__ BlockRange unmasked_blocks(int m0, int rows, int block_n) const {
     const int hi = right >= 0 ? min(len_k, m0 + diag_off + right + 1) : len_k;  // first key the top row cannot see
     const int lo = left >= 0 ? m0 + rows - 1 + diag_off - left : 0;          // first key the bottom row sees
     return {lo <= 0 ? 0 : (lo + block_n - 1) / block_n, hi < 0 ? 0 : hi / block_n};
   }
-  __device__ ColRange cols(int row) const {
+  __host__ __device__ ColRange cols(int row) const {
     const int diag = row + diag_off;
     return {left >= 0 ? diag - left : 0, right >= 0 ? min(len_k, diag + right + 1) : len_k};
   }

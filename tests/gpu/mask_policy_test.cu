@@ -1,0 +1,82 @@
+// Host-side checks of the mask policies' block arithmetic (src/cuda/common/fwd_policies.cuh), which the kernels'
+// mainloops rely on: a key block outside unmasked_blocks() runs the masked (edge) step and one inside it the
+// unmasked (interior) step, so unmasked_blocks() must hold exactly the visited blocks that need no mask, and a block
+// that needs no mask must be entirely visible to every query row of the tile. Compiled by nvcc, run on the host
+// (label fast: no GPU needed).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/common/fwd_policies.cuh"
+
+namespace {
+
+using flashattn::cuda::BlockRange;
+using flashattn::cuda::ColRange;
+using flashattn::cuda::FwdParams;
+using flashattn::cuda::KeyLengthMask;
+using flashattn::cuda::SeqInfo;
+using flashattn::cuda::WindowMask;
+
+// Every query tile of every block size: unmasked_blocks() == {visited blocks with block_needs_mask false}, and those
+// blocks are fully visible to each row of the tile (cols() of the row covers them).
+template <class Mask>
+void check(const Mask& mask, int len_q, const std::string& what) {
+  for (const int block_m : {64, 128}) {
+    for (const int block_n : {32, 64, 128}) {
+      for (int m0 = 0; m0 < len_q; m0 += block_m) {
+        const int rows = std::min(block_m, len_q - m0);
+        const BlockRange range = mask.blocks(m0, rows, block_n);
+        const BlockRange inner = mask.unmasked_blocks(m0, rows, block_n);
+        for (int n = range.lo; n < range.hi; ++n) {
+          const int n0 = n * block_n;
+          const bool interior = n >= inner.lo && n < inner.hi;
+          ASSERT_EQ(mask.block_needs_mask(m0, rows, n0, block_n), !interior)
+              << what << " block_m " << block_m << " block_n " << block_n << " m0 " << m0 << " n " << n;
+          if (!interior) continue;
+          for (int r = m0; r < m0 + rows; ++r) {
+            const ColRange cols = mask.cols(r);
+            ASSERT_TRUE(cols.lo <= n0 && n0 + block_n <= cols.hi)
+                << what << " row " << r << " sees [" << cols.lo << ", " << cols.hi << ") but block " << n
+                << " is unmasked";
+          }
+        }
+      }
+    }
+  }
+}
+
+FwdParams problem(int len_q, int len_k) {
+  FwdParams p;
+  p.seqlen_q = len_q;
+  p.seqlen_k = len_k;
+  return p;
+}
+
+TEST(MaskPolicy, KeyLengthUnmaskedBlocksAreExact) {
+  for (const int len_q : {1, 17, 128, 239})
+    for (const int len_k : {1, 17, 64, 239, 1023, 1024}) {
+      const FwdParams p = problem(len_q, len_k);
+      check(KeyLengthMask(p, SeqInfo(p, 0)), len_q, "keys " + std::to_string(len_k));
+    }
+}
+
+TEST(MaskPolicy, WindowUnmaskedBlocksAreExact) {
+  const int windows[][2] = {{-1, 0}, {0, 0}, {3, 5}, {100, -1}, {-1, 40}, {64, 0}, {200, 130}};
+  for (const int len_q : {1, 17, 128, 239, 1000})
+    for (const int len_k : {1, 17, 64, 239, 1024})
+      for (const bool bottom_right : {false, true})
+        for (const auto& w : windows) {
+          FwdParams p = problem(len_q, len_k);
+          p.has_window = true;
+          p.bottom_right = bottom_right;
+          p.window_left = w[0];
+          p.window_right = w[1];
+          check(WindowMask(p, SeqInfo(p, 0)), len_q,
+                "q " + std::to_string(len_q) + " k " + std::to_string(len_k) + " window (" + std::to_string(w[0]) +
+                    ", " + std::to_string(w[1]) + ") bottom_right " + std::to_string(bottom_right));
+        }
+}
+
+}  // namespace
