@@ -32,11 +32,7 @@ std::string bwd_case_name(const testing::TestParamInfo<Case>& i) { return i.para
 
 void run_backward_case(const Case& c) {
   CaseGeometry geo(c);  // non-const: the host reference reads cu_seqlens through void*
-  const bool varlen = geo.varlen;
-  const int64_t batch = geo.batch, rows_q = geo.rows_q, rows_k = geo.rows_k;
-  std::vector<int32_t>& cu_q = geo.cu_q;
-  std::vector<int32_t>& cu_k = geo.cu_k;
-  const int64_t nb = geo.nb;
+  auto& [varlen, batch, cu_q, cu_k, rows_q, rows_k, nb] = geo;
   const int64_t pad = c.row_pad;
   const int64_t gq = nb * rows_q, gk = nb * rows_k;  // global rows
   const size_t nq = size_t(gq * (c.hq * c.d + pad)), nk = size_t(gk * (c.hkv * c.d + pad));

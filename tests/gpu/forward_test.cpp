@@ -53,11 +53,7 @@ struct Errors {
 
 void run_case(const Case& c) {
   CaseGeometry geo(c);  // non-const: the host reference reads cu_seqlens through void*
-  const bool varlen = geo.varlen;
-  const int64_t batch = geo.batch, rows_q = geo.rows_q, rows_k = geo.rows_k;
-  std::vector<int32_t>& cu_q = geo.cu_q;
-  std::vector<int32_t>& cu_k = geo.cu_k;
-  const int64_t nb = geo.nb;
+  auto& [varlen, batch, cu_q, cu_k, rows_q, rows_k, nb] = geo;
   const int64_t pad = c.row_pad;
   const size_t nq = size_t(nb * rows_q * (c.hq * c.d + pad)), nk = size_t(nb * rows_k * (c.hkv * c.d + pad));
   const size_t nv = size_t(nb * rows_k * (c.hkv * c.dv + pad)), no = size_t(nb * rows_q * (c.hq * c.dv + pad));

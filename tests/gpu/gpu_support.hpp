@@ -64,7 +64,8 @@ inline std::vector<Case> for_backends(const std::vector<Case>& cases, std::initi
   return out;
 }
 
-// The tensor geometry of a case: varlen offsets, rows per tensor, leading (batch) dimension count.
+// The tensor geometry of a case: varlen offsets, rows per tensor, leading (batch) dimension count. The tests
+// unpack it with a structured binding in member order.
 struct CaseGeometry {
   bool varlen;
   int64_t batch;             // sequences
