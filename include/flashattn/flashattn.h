@@ -107,7 +107,8 @@ const char* fa_last_error(void);
 /* The backend fa_forward would pick for these params ("cpu", "cuda-sm80", "cuda-sm90"). */
 const char* fa_backend_name(const fa_fwd_params* params, const fa_exec* exec);
 
-/* Query/key tile sizes the chosen backend uses for this head dim (for IO accounting). */
+/* Query/key tile sizes the chosen backend uses for this call (they depend on the head dim, the mask and, on
+   sm80, the key length; for IO accounting). */
 void fa_forward_tile_shape(const fa_fwd_params* params, const fa_exec* exec, int* block_q, int* block_k);
 
 /* Contiguous view helper: strides filled row-major. */

@@ -253,6 +253,7 @@ std::vector<Case> backward_sanitizer_cases() {
     Case c; c.sq = 70, c.sk = 45, c.d = c.dv = d;
     c.name = "bwd_d" + std::to_string(d) + "_causal"; c.causal = true; v.push_back(c);
   }
+  Case pad; pad.sq = 70, pad.sk = 45, pad.d = pad.dv = 200; pad.name = "bwd_d200_padded"; v.push_back(pad);
   Case g; g.sq = 40, g.sk = 70, g.hq = 4, g.hkv = 2; g.deterministic = true;
   g.name = "bwd_gqa_deterministic"; v.push_back(g);
   Case c; c.d = c.dv = 72; c.lens_q = {3, 70}; c.lens_k = {40, 9}; c.wl = 10, c.wr = 4; c.alibi = 1; c.softcap = 2.f;

@@ -360,6 +360,9 @@ std::vector<Case> sanitizer_cases() {
     c.name = "d" + std::to_string(d) + "_full"; v.push_back(c);
     c.name = "d" + std::to_string(d) + "_causal"; c.causal = true; v.push_back(c);
   }
+  // A head dim below the compiled one (200 in the d256 kernel, the Padded kernel variant): its column-predicated
+  // loads and stores must stay inside the tensors.
+  Case pad; pad.sq = 130, pad.sk = 70, pad.d = pad.dv = 200; pad.name = "d200_padded"; v.push_back(pad);
   Case c; c.d = c.dv = 72; c.lens_q = {3, 140}; c.lens_k = {70, 9}; c.wl = 10, c.wr = 4; c.alibi = 1; c.softcap = 2.f;
   c.name = "varlen_window_alibi_softcap_d72"; v.push_back(c);
   return v;
@@ -464,6 +467,23 @@ TEST(Sm80Validation, TileShapeReported) {
     const flashattn::cuda::sm80::FwdTiles d64 = flashattn::cuda::sm80::fwd_tiles(64, causal);
     EXPECT_EQ(bq, d64.block_q) << "causal " << causal;
     EXPECT_EQ(bk, d64.block_k) << "causal " << causal;
+  }
+  // Above d128 unmasked calls take the compact tile up to kShortKeys keys (the launch reads the same rule). Only
+  // the shapes are read: nothing is launched.
+  namespace sm80 = flashattn::cuda::sm80;
+  static_assert(sm80::fwd_tiles(256, true) != sm80::fwd_tiles(256, false), "the d256 rule is visible");
+  call.p.attn.causal = 0;
+  for (const int64_t keys : {int64_t(sm80::kShortKeys), int64_t(sm80::kShortKeys) + 1}) {
+    int64_t sq[4] = {1, 16, 1, 256}, sk[4] = {1, keys, 1, 256};
+    call.p.attn.q = fa_make_tensor(call.buf.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
+    call.p.attn.k = fa_make_tensor(call.buf.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sk);
+    call.p.attn.v = fa_make_tensor(call.buf.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sk);
+    call.p.out = fa_make_tensor(call.buf.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
+    int bq = 0, bk = 0;
+    fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
+    const sm80::FwdTiles want = sm80::fwd_tiles(256, keys <= sm80::kShortKeys);
+    EXPECT_EQ(bq, want.block_q) << keys << " keys";
+    EXPECT_EQ(bk, want.block_k) << keys << " keys";
   }
 }
 

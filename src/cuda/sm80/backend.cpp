@@ -180,7 +180,7 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
 detail::TileShape tile_shape(const detail::Problem& p) {
   const FwdKernel* kernel = pick_kernel(kFwdKernels, p);
   if (kernel == nullptr) return {};
-  const FwdTiles t = fwd_tiles(kernel->head_dim, p.has_window());
+  const FwdTiles t = fwd_tiles(kernel->head_dim, fwd_compact(kernel->head_dim, p.has_window(), p.seqlen_k));
   return {t.block_q, t.block_k};
 }
 

@@ -206,17 +206,20 @@ __device__ void store_fp32(const Acc& acc, const Coord& coord, float* dst, int64
 }
 
 // ------------------------------------------------------------------------------------------- main kernel
-// kScoreMods: softcap and/or ALiBi present (a separate instantiation, as in the forward, keeps their registers
-// out of the plain kernel). kDeterministic: grid.x = dq_splits CTAs per (head, batch) walk the key blocks with
-// that stride and own their dQ split (plain adds); otherwise one key block per CTA and dQ atomics.
-template <class Tr, class Mask, bool kScoreMods, bool kDeterministic>
+// Variant: a KernelVariant (score mods, padded head dims, deterministic). Deterministic: grid.x = dq_splits CTAs
+// per (head, batch) walk the key blocks with that stride and own their dQ split (plain adds); otherwise one key
+// block per CTA and dQ atomics.
+template <class Tr, class Mask, class Variant>
 __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename Tr::Element;
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
+  constexpr bool kScoreMods = Variant::kScoreMods, kDeterministic = Variant::kDeterministic;
   extern __shared__ __align__(128) char smem_raw[];
   const int tid = int(threadIdx.x);
   const int head = int(blockIdx.y), batch = int(blockIdx.z);
   const int kv_head = head / p.group;
+  const int head_dim = Variant::kPaddedHeadDim ? p.head_dim : kHeadDim;
+  const int head_dim_v = Variant::kPaddedHeadDim ? p.head_dim_v : kHeadDim;
   const BwdSeq seq(p, batch);
   const Mask mask(p, seq);
   const int split = kDeterministic ? int(blockIdx.x) : 0;
@@ -348,7 +351,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
                          bool load_do) CUTLASS_LAMBDA_FUNC_INLINE {
       if (load_q) {
         load_tile<kBlockM, kHeadDim>(gmem_load, tQg(_, _, _, m_block), gthr.partition_D(sQ(q_stage)), tQc,
-                                     rows_valid, p.head_dim);
+                                     rows_valid, head_dim);
         if (tid < Tr::kStatsFloats) {  // rows past the sequence read as 0 (they are masked)
           const int r = tid % kBlockM, row = m_block * kBlockM + r;
           const bool valid = r < rows_valid;
@@ -358,14 +361,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
       }
       if (load_do)
         load_tile<kBlockM, kHeadDim>(gmem_load, tdOg(_, _, _, m_block), gthr.partition_D(sdO(do_stage)), tQc,
-                                     rows_valid, p.head_dim_v);
+                                     rows_valid, head_dim_v);
     };
 
     if (m_lo < m_hi) {
       const int keys_valid = seq.len_k - n0;
       __syncthreads();  // the previous key block's epilogue is done with shared memory
-      load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n_block), tKs, tKc, keys_valid, p.head_dim);
-      load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n_block), tVs, tKc, keys_valid, p.head_dim_v);
+      load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n_block), tKs, tKc, keys_valid, head_dim);
+      load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n_block), tVs, tKc, keys_valid, head_dim_v);
       // Query blocks walk down from the last (FA2's order): without a mask the key-block CTAs of a head walk the
       // same Q / dO / dQ tiles in step (L2 reuse) either way; under a causal mask ascending would start each key
       // block at its diagonal, out of step with its neighbours (descending measured 0-3% faster, NOTES.md B2-3).
@@ -511,15 +514,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
                                make_shape(seq.rows_k, Int<kHeadDim>{}), make_stride(p.dv_row, _1{}));
       store_tile<Tr, kBlockN, typename Tr::SmemLayoutKV>(
           acc_dk, mma_dkv, smem_k, local_tile(mdK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0)),
-          rows_out, p.head_dim);
+          rows_out, head_dim);
       store_tile<Tr, kBlockN, typename Tr::SmemLayoutKV>(
           acc_dv, mma_dkv, smem_v, local_tile(mdV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0)),
-          rows_out, p.head_dim_v);
+          rows_out, head_dim_v);
     } else {
       Tensor cKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
       const int64_t row0 = int64_t(head) * p.rows_k + seq.k_row0 + n0;
-      store_fp32(acc_dk, cKV, p.dk_acc + row0 * p.head_dim, p.head_dim, rows_out, p.head_dim);
-      store_fp32(acc_dv, cKV, p.dv_acc + row0 * p.head_dim_v, p.head_dim_v, rows_out, p.head_dim_v);
+      store_fp32(acc_dk, cKV, p.dk_acc + row0 * head_dim, head_dim, rows_out, head_dim);
+      store_fp32(acc_dv, cKV, p.dv_acc + row0 * head_dim_v, head_dim_v, rows_out, head_dim_v);
     }
   }
 }
@@ -686,22 +689,29 @@ cudaError_t opt_in_smem(Kernel kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-template <class Tr, class Mask, bool kScoreMods, bool kDeterministic>
+template <class Tr, class Mask, class Variant>
 cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
-  auto kernel = &dkdv_kernel<Tr, Mask, kScoreMods, kDeterministic>;
+  auto kernel = &dkdv_kernel<Tr, Mask, Variant>;
   if (cudaError_t e = opt_in_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
   const unsigned key_blocks = unsigned((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
-  const dim3 grid(kDeterministic ? unsigned(p.dq_splits) : key_blocks, unsigned(p.heads_q), unsigned(p.batch));
+  const dim3 grid(Variant::kDeterministic ? unsigned(p.dq_splits) : key_blocks, unsigned(p.heads_q), unsigned(p.batch));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
+// The KernelVariant a call needs.
+template <class Tr, class Mask, bool kDeterministic>
+cudaError_t launch_variant(const BwdParams& p, cudaStream_t stream) {
+  using Variants = VariantOf<kDeterministic>;
+  if (p.softcap > 0.f || p.alibi != nullptr) return launch_main<Tr, Mask, typename Variants::ScoreMods>(p, stream);
+  if (p.head_dim != Tr::kHeadDim || p.head_dim_v != Tr::kHeadDim)
+    return launch_main<Tr, Mask, typename Variants::Padded>(p, stream);
+  return launch_main<Tr, Mask, typename Variants::Plain>(p, stream);
+}
+
 template <class Tr, class Mask>
 cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
-  const bool mods = p.softcap > 0.f || p.alibi != nullptr;
-  if (p.deterministic)
-    return mods ? launch_main<Tr, Mask, true, true>(p, stream) : launch_main<Tr, Mask, false, true>(p, stream);
-  return mods ? launch_main<Tr, Mask, true, false>(p, stream) : launch_main<Tr, Mask, false, false>(p, stream);
+  return p.deterministic ? launch_variant<Tr, Mask, true>(p, stream) : launch_variant<Tr, Mask, false>(p, stream);
 }
 
 // Main kernel, then the dQ postprocess with the same tiles (it reads the workspace in the main kernel's order).

@@ -17,6 +17,7 @@
 
 #include "cuda/common/fwd_policies.cuh"
 #include "cuda/sm80/fwd_params.hpp"
+#include "cuda/sm80/kernel_variant.hpp"
 #include "cuda/sm80/tiles.hpp"
 
 namespace flashattn::cuda::sm80 {
@@ -24,7 +25,7 @@ namespace flashattn::cuda::sm80 {
 using namespace cute;
 
 // Tiles::value is the tile; dev benchmarks instantiate other shapes to measure them against fwd_tiles().
-template <typename Element_, int kHeadDim_, bool kWindowed_, class Tiles = DefaultFwdTiles<kHeadDim_, kWindowed_>>
+template <typename Element_, int kHeadDim_, bool kCompact_, class Tiles = DefaultFwdTiles<kHeadDim_, kCompact_>>
 struct FwdTraits {
   using Element = Element_;
   static constexpr FwdTiles kTiles = Tiles::value;
@@ -107,7 +108,8 @@ __device__ constexpr auto acc_as_a_operand(Layout l) {
 
 // Tile load. A full tile (all rows inside the tensor, head dim equal to the compiled one) is copied
 // unpredicated; otherwise rows >= `rows` or columns >= `cols` are zero-filled in shared memory rather than read,
-// so partial tiles and padded head dims never touch memory outside the tensors.
+// so partial tiles and padded head dims never touch memory outside the tensors. Callers pass compile-time row and
+// column counts where they can (interior key blocks, the plain KernelVariant), which removes the test.
 template <int kTileRows, int kTileCols, class TiledCopy, class Src, class Dst, class Coord>
 __device__ void load_tile(const TiledCopy& copy, const Src& src, Dst&& dst, const Coord& coord, int rows, int cols) {
   if (rows >= kTileRows && cols == kTileCols) {
@@ -162,9 +164,8 @@ __device__ void gemm_reg_smem(Acc& acc, const RA& rA, RB& rB, const SB& sB, cons
 }
 
 // ------------------------------------------------------------------------------------------- the kernel
-// kScoreMods: softcap and/or ALiBi present. A separate instantiation keeps their registers (tanh, per-score
-// distances) out of the plain kernel, which otherwise spills.
-template <class Traits, class Mask, bool kScoreMods>
+// Variant: a KernelVariant (score mods, padded head dims).
+template <class Traits, class Mask, class Variant>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -177,6 +178,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const int rows_here = min(kBlockM, seq.len_q - m0);
   const int tid = int(threadIdx.x);
   const int kv_head = tile.head / p.group;
+  const int head_dim = Variant::kPaddedHeadDim ? p.head_dim : kHeadDim;
+  const int head_dim_v = Variant::kPaddedHeadDim ? p.head_dim_v : kHeadDim;
 
   // ---- global tensors of this (batch, head): (rows, compiled head dim), columns past head_dim predicated
   const int64_t bq = p.cu_seqlens_q ? int64_t(seq.q_start) * p.q_row : int64_t(tile.batch) * p.q_batch;
@@ -259,19 +262,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // visited it is the first.
     const int n0 = n * kBlockN;
     load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n), tVs, tKVc, kFirst ? seq.len_k - n0 : kBlockN,
-                                 p.head_dim_v);
+                                 head_dim_v);
     cute::cp_async_fence();
     gemm_smem_smem(acc_s, rQ, rK, tSsQ, tSsK, mma, smem_q, smem_k, smem_q_thr, smem_k_thr);
 
     Tensor s = make_tensor(acc_s.data(), acc_rows_cols(acc_s.layout()));
-    if constexpr (kScoreMods) mods.apply(s, cS_rc, m0, n0);
+    if constexpr (Variant::kScoreMods) mods.apply(s, cS_rc, m0, n0);
     if constexpr (kEdge)
       if (mask.block_needs_mask(m0, rows_here, n0, kBlockN)) apply_mask(mask, s, cS_rc, m0, n0);
 
     cute::cp_async_wait<0>();
     __syncthreads();  // V(n) landed; every warp is done reading K(n)
     if (n > range.lo) {  // K(n - 1) is a whole block: it lies below the first
-      load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, kBlockN, p.head_dim);
+      load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, kBlockN, head_dim);
       cute::cp_async_fence();
     }
 
@@ -282,8 +285,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   };
   if (range.hi > range.lo) {
     int n = range.hi - 1;
-    load_tile<kBlockM, kHeadDim>(gmem_load, tQg, tQs, tQc, rows_here, p.head_dim);
-    load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n), tKs, tKVc, seq.len_k - n * kBlockN, p.head_dim);
+    load_tile<kBlockM, kHeadDim>(gmem_load, tQg, tQs, tQc, rows_here, head_dim);
+    load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n), tKs, tKVc, seq.len_k - n * kBlockN, head_dim);
     cute::cp_async_fence();
     // Blocks >= inner.hi (diagonal, right window border) and < inner.lo (left window border) are edges.
     const BlockRange inner = mask.unmasked_blocks(m0, rows_here, kBlockN);
@@ -329,7 +332,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     if (get<0>(tOc(0, m, 0)) >= rows_here) continue;
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tOg); ++k)
-      if (get<1>(tOc(0, m, k)) < p.head_dim_v) cute::copy(gmem_store, tOs(_, m, k), tOg(_, m, k));
+      if (get<1>(tOc(0, m, k)) < head_dim_v) cute::copy(gmem_store, tOs(_, m, k), tOg(_, m, k));
   }
 }
 

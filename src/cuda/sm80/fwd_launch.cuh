@@ -6,9 +6,9 @@
 
 namespace flashattn::cuda::sm80 {
 
-template <class Traits, class Mask, bool kScoreMods>
+template <class Traits, class Mask, class Variant>
 cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
-  auto kernel = &fwd_kernel<Traits, Mask, kScoreMods>;
+  auto kernel = &fwd_kernel<Traits, Mask, Variant>;
   constexpr int kDefaultSmemLimit = 48 * 1024;  // larger dynamic smem must be opted into per kernel
   if (Traits::kSmemBytes > kDefaultSmemLimit) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
@@ -19,21 +19,30 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The KernelVariant a call needs.
+template <class Traits, class Mask>
+cudaError_t launch_variant(const FwdParams& p, cudaStream_t stream) {
+  using Variants = VariantOf<>;
+  if (p.softcap > 0.f || p.alibi != nullptr) return launch_kernel<Traits, Mask, Variants::ScoreMods>(p, stream);
+  if (p.head_dim != Traits::kHeadDim || p.head_dim_v != Traits::kHeadDim)
+    return launch_kernel<Traits, Mask, Variants::Padded>(p, stream);
+  return launch_kernel<Traits, Mask, Variants::Plain>(p, stream);
+}
+
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
-  using Windowed = FwdTraits<Element, kHeadDim, true>;
-  using Plain = FwdTraits<Element, kHeadDim, false>;
-  const bool mods = p.softcap > 0.f || p.alibi != nullptr;
-  if (p.has_window)
-    return mods ? launch_kernel<Windowed, WindowMask, true>(p, stream) : launch_kernel<Windowed, WindowMask, false>(p, stream);
-  return mods ? launch_kernel<Plain, KeyLengthMask, true>(p, stream) : launch_kernel<Plain, KeyLengthMask, false>(p, stream);
+  if (p.has_window) return launch_variant<FwdTraits<Element, kHeadDim, true>, WindowMask>(p, stream);
+  if constexpr (fwd_tiles(kHeadDim, true) != fwd_tiles(kHeadDim, false))
+    if (fwd_compact(kHeadDim, false, p.seqlen_k))
+      return launch_variant<FwdTraits<Element, kHeadDim, true>, KeyLengthMask>(p, stream);
+  return launch_variant<FwdTraits<Element, kHeadDim, false>, KeyLengthMask>(p, stream);
 }
 
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
   using Traits = FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, false>;
-  return cudaFuncGetAttributes(attributes, &fwd_kernel<Traits, KeyLengthMask, false>);
+  return cudaFuncGetAttributes(attributes, &fwd_kernel<Traits, KeyLengthMask, VariantOf<>::Plain>);
 }
 
 }  // namespace flashattn::cuda::sm80

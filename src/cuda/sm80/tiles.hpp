@@ -8,26 +8,41 @@ struct FwdTiles {
   int block_q;  // query rows per CTA
   int block_k;  // key rows per main-loop step
   int warps;    // warps per CTA; each owns block_q / warps query rows (FA2: warps split the queries)
+  constexpr bool operator==(const FwdTiles& o) const {
+    return block_q == o.block_q && block_k == o.block_k && warps == o.warps;
+  }
+  constexpr bool operator!=(const FwdTiles& o) const { return !(*this == o); }
 };
 
-// `head_dim` is the kernel's compiled head dim (the problem's max(d, dv) rounded up to a built one); `windowed`:
-// causal or sliding window. Each thread holds block_q * head_dim / threads fp32 output accumulators plus
-// block_q * block_k / threads scores. FA2's tiles (128 x 128 at d64, 128 x 64 at d128 and, with 8 warps, at d256)
-// exceed the register file a little (ptxas sm_90a: 40-250 bytes of spills) and are still the fastest once the
-// mainloop's interior blocks run without mask and predication code (H200, src/cuda/NOTES.md, session 4):
-// d128 128 x 64 is 4-9% faster than the spill-free 128 x 32. Under a causal mask, where the short CTAs of the
-// diagonal make the tail, smaller CTAs win at 1k-4k: d64 keeps 128 x 64 (128 x 128: 0.97x FA2 at 1k), d256
-// 64 x 64 with 4 warps (two CTAs per SM; 128 x 64 x 8 warps: 0.89-0.96x FA2 at 1k-4k).
+// `head_dim` is the kernel's compiled head dim (the problem's max(d, dv) rounded up to a built one); `compact`:
+// the tile for masked calls and short unmasked ones (fwd_compact). Each thread holds block_q * head_dim / threads
+// fp32 output accumulators plus block_q * block_k / threads scores. FA2's tiles (128 x 128 at d64, 128 x 64 at
+// d128 and, with 8 warps, at d256) exceed the register file a little at d64 / d128 (ptxas sm_90a, session 4:
+// 184-252 bytes of spills) and are still the fastest once the mainloop's interior blocks run without mask and
+// predication code (H200, src/cuda/NOTES.md, session 4): d128 128 x 64 is 4-9% faster than the
+// spill-free 128 x 32. Under a causal mask, where the short CTAs of the diagonal make the tail, smaller CTAs win
+// at 1k-4k: d64 keeps 128 x 64 (128 x 128: 0.97x FA2 at 1k), d256 64 x 64 with 4 warps (two CTAs per SM;
+// 128 x 64 x 8 warps: 0.89-0.96x FA2 at 1k-4k).
 // Shared memory = (block_q + 2 * block_k) * head_dim * 2 bytes: 48 / 32 KiB (d64), 64 KiB (d128), 128 / 96 KiB
 // (d256).
-constexpr FwdTiles fwd_tiles(int head_dim, bool windowed) {
-  if (head_dim <= 64) return windowed ? FwdTiles{128, 64, 4} : FwdTiles{128, 128, 4};
+constexpr FwdTiles fwd_tiles(int head_dim, bool compact) {
+  if (head_dim <= 64) return compact ? FwdTiles{128, 64, 4} : FwdTiles{128, 128, 4};
   if (head_dim <= 128) return {128, 64, 4};
-  return windowed ? FwdTiles{64, 64, 4} : FwdTiles{128, 64, 8};
+  return compact ? FwdTiles{64, 64, 4} : FwdTiles{128, 64, 8};
 }
-template <int kHeadDim, bool kWindowed>
+
+// Unmasked calls with few key blocks per CTA take the compact tile above d128 as well: with one 8-warp CTA per
+// SM its prologue (Q and the first K tile) and epilogue stall the SM, while two 4-warp CTAs hide each other's.
+// d256 unmasked at 1k keys (16 blocks): 64 x 64 1.005-1.010x FA2, 128 x 64 x 8 0.99-1.00x; at 2k 128 x 64 x 8 is
+// 1.5% faster (session 5, dev run 11). d192 shares d256's tiles and this rule (not measured on its own).
+constexpr int kShortKeys = 1024;
+constexpr bool fwd_compact(int head_dim, bool windowed, long long seqlen_k) {
+  return windowed || (head_dim > 128 && seqlen_k <= kShortKeys);
+}
+
+template <int kHeadDim, bool kCompact>
 struct DefaultFwdTiles {
-  static constexpr FwdTiles value = fwd_tiles(kHeadDim, kWindowed);
+  static constexpr FwdTiles value = fwd_tiles(kHeadDim, kCompact);
 };
 
 }  // namespace flashattn::cuda::sm80

@@ -19,6 +19,7 @@ for f in "$HERE"/*.cu; do
   while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-2}" ]; do sleep 2; done
 done
 for p in "${pids[@]}"; do wait "$p"; done
-nvcc -shared -o "$OUT/libsm80_tiles.so" "$OUT"/*.o -lcudart
+# -Bsymbolic: each library binds its own kernels, so that two of them (an A/B) can be loaded in one process.
+nvcc -shared -Xlinker -Bsymbolic -o "$OUT/libsm80_tiles.so" "$OUT"/*.o -lcudart
 grep -h -E "Compiling entry|spill|registers" "$OUT"/*.ptxas.log | grep -B2 "registers" | grep -E "fwd_kernel|dkdv_kernel|spill|registers" > "$OUT/ptxas_summary.txt" || true
 echo "built $OUT/libsm80_tiles.so"

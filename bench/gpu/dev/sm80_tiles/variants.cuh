@@ -34,8 +34,8 @@ struct BT {
 template <int kD, class Tiles, bool kCausal>
 cudaError_t fwd_launch(const fa::FwdParams& p, cudaStream_t s) {
   using Tr = sm80::FwdTraits<cutlass::bfloat16_t, kD, kCausal, Tiles>;
-  if constexpr (kCausal) return sm80::launch_kernel<Tr, fa::WindowMask, false>(p, s);
-  else return sm80::launch_kernel<Tr, fa::KeyLengthMask, false>(p, s);
+  if constexpr (kCausal) return sm80::launch_variant<Tr, fa::WindowMask>(p, s);
+  else return sm80::launch_variant<Tr, fa::KeyLengthMask>(p, s);
 }
 
 template <int kD, class Tiles, bool kCausal>

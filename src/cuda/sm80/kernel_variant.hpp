@@ -1,0 +1,30 @@
+// What one compiled sm80 kernel handles beyond the plain case. Each combination is its own instantiation, so the
+// plain kernel (no score mods, head dims equal to the compiled one), which nearly every call takes, carries no
+// code or registers for the others.
+#pragma once
+
+namespace flashattn::cuda::sm80 {
+
+template <bool kScoreMods_, bool kPaddedHeadDim_, bool kDeterministic_ = false>
+struct KernelVariant {
+  // softcap and/or ALiBi: their registers (tanh, per-score distances) spill the plain kernel.
+  static constexpr bool kScoreMods = kScoreMods_;
+  // head_dim or head_dim_v below the compiled head dim: loads zero-fill and stores skip the columns past them.
+  // The plain kernel's column counts are compile-time constants instead, so its tile loads have no branch:
+  // with the runtime test ptxas (sm_90a) spilled 40-104 bytes in the d256 forward and none without, which took
+  // d256 from 0.96-0.99x to 0.99-1.05x of FA2 at seqlen 1k (H200, src/cuda/NOTES.md session 5, dev run 11).
+  static constexpr bool kPaddedHeadDim = kPaddedHeadDim_;
+  // Backward only: CTAs own dQ splits (plain adds in a fixed order) instead of accumulating dQ with atomics.
+  static constexpr bool kDeterministic = kDeterministic_;
+  static_assert(!kScoreMods || kPaddedHeadDim, "the score-mods kernel also serves padded head dims");
+};
+
+// Picks the instantiation for a call: the score-mods kernel serves any head dim, the plain one only exact ones.
+template <bool kDeterministic = false>
+struct VariantOf {
+  using Plain = KernelVariant<false, false, kDeterministic>;
+  using Padded = KernelVariant<false, true, kDeterministic>;
+  using ScoreMods = KernelVariant<true, true, kDeterministic>;
+};
+
+}  // namespace flashattn::cuda::sm80
