@@ -268,6 +268,11 @@ std::vector<Case> forward_cases() {
     }
   }
   auto add = [&](Case c) { v.push_back(c); };
+  // Above d128 the unmasked sm80 tile depends on the key length (fwd_compact: compact up to kShortKeys keys, which
+  // the shapes above cover): the long-key tile, plain and padded.
+  for (int64_t d : {256, 200}) {
+    Case c; c.sq = 150, c.sk = 1500, c.d = c.dv = d; c.name = "d" + std::to_string(d) + "_long_keys"; add(c);
+  }
   {  // dv != d
     Case c; c.name = "d128_dv64"; c.sq = 150, c.sk = 300, c.d = 128, c.dv = 64; add(c);
     c.name = "d64_dv128_causal"; c.d = 64, c.dv = 128, c.causal = true; add(c);
