@@ -33,7 +33,7 @@ template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
   if (p.has_window) return launch_variant<FwdTraits<Element, kHeadDim, true>, WindowMask>(p, stream);
-  if constexpr (fwd_tiles(kHeadDim, true) != fwd_tiles(kHeadDim, false))
+  if constexpr (compact_for_short_keys(kHeadDim))
     if (fwd_compact(kHeadDim, false, p.seqlen_k))
       return launch_variant<FwdTraits<Element, kHeadDim, true>, KeyLengthMask>(p, stream);
   return launch_variant<FwdTraits<Element, kHeadDim, false>, KeyLengthMask>(p, stream);

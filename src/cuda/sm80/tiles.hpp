@@ -36,8 +36,10 @@ constexpr FwdTiles fwd_tiles(int head_dim, bool compact) {
 // d256 unmasked at 1k keys (16 blocks): 64 x 64 1.005-1.010x FA2, 128 x 64 x 8 0.99-1.00x; at 2k 128 x 64 x 8 is
 // 1.5% faster (session 5, dev run 11). d192 shares d256's tiles and this rule (not measured on its own).
 constexpr int kShortKeys = 1024;
+// Whether unmasked calls at this compiled head dim ever take the compact tile (the launch instantiates it only then).
+constexpr bool compact_for_short_keys(int head_dim) { return head_dim > 128; }
 constexpr bool fwd_compact(int head_dim, bool windowed, long long seqlen_k) {
-  return windowed || (head_dim > 128 && seqlen_k <= kShortKeys);
+  return windowed || (compact_for_short_keys(head_dim) && seqlen_k <= kShortKeys);
 }
 
 template <int kHeadDim, bool kCompact>
