@@ -699,19 +699,11 @@ cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The KernelVariant a call needs.
-template <class Tr, class Mask, bool kDeterministic>
-cudaError_t launch_variant(const BwdParams& p, cudaStream_t stream) {
-  using Variants = VariantOf<kDeterministic>;
-  if (p.softcap > 0.f || p.alibi != nullptr) return launch_main<Tr, Mask, typename Variants::ScoreMods>(p, stream);
-  if (p.head_dim != Tr::kHeadDim || p.head_dim_v != Tr::kHeadDim)
-    return launch_main<Tr, Mask, typename Variants::Padded>(p, stream);
-  return launch_main<Tr, Mask, typename Variants::Plain>(p, stream);
-}
-
 template <class Tr, class Mask>
 cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
-  return p.deterministic ? launch_variant<Tr, Mask, true>(p, stream) : launch_variant<Tr, Mask, false>(p, stream);
+  auto launch = [&](auto variant) { return launch_main<Tr, Mask, decltype(variant)>(p, stream); };
+  return p.deterministic ? dispatch_variant<Tr::kHeadDim, true>(p, launch)
+                         : dispatch_variant<Tr::kHeadDim, false>(p, launch);
 }
 
 // Main kernel, then the dQ postprocess with the same tiles (it reads the workspace in the main kernel's order).

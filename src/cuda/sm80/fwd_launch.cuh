@@ -19,14 +19,10 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The KernelVariant a call needs.
 template <class Traits, class Mask>
 cudaError_t launch_variant(const FwdParams& p, cudaStream_t stream) {
-  using Variants = VariantOf<>;
-  if (p.softcap > 0.f || p.alibi != nullptr) return launch_kernel<Traits, Mask, Variants::ScoreMods>(p, stream);
-  if (p.head_dim != Traits::kHeadDim || p.head_dim_v != Traits::kHeadDim)
-    return launch_kernel<Traits, Mask, Variants::Padded>(p, stream);
-  return launch_kernel<Traits, Mask, Variants::Plain>(p, stream);
+  return dispatch_variant<Traits::kHeadDim, false>(
+      p, [&](auto variant) { return launch_kernel<Traits, Mask, decltype(variant)>(p, stream); });
 }
 
 template <fa_dtype kDtype, int kHeadDim>
@@ -42,7 +38,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
   using Traits = FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, false>;
-  return cudaFuncGetAttributes(attributes, &fwd_kernel<Traits, KeyLengthMask, VariantOf<>::Plain>);
+  return cudaFuncGetAttributes(attributes, &fwd_kernel<Traits, KeyLengthMask, PlainVariant>);
 }
 
 }  // namespace flashattn::cuda::sm80

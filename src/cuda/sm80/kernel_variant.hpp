@@ -19,12 +19,17 @@ struct KernelVariant {
   static_assert(!kScoreMods || kPaddedHeadDim, "the score-mods kernel also serves padded head dims");
 };
 
-// Picks the instantiation for a call: the score-mods kernel serves any head dim, the plain one only exact ones.
-template <bool kDeterministic = false>
-struct VariantOf {
-  using Plain = KernelVariant<false, false, kDeterministic>;
-  using Padded = KernelVariant<false, true, kDeterministic>;
-  using ScoreMods = KernelVariant<true, true, kDeterministic>;
-};
+using PlainVariant = KernelVariant<false, false>;
+
+// The one rule for which instantiation serves a call (forward and backward launchers both use it): the
+// score-mods kernel serves any head dim, the plain one only head dims equal to the compiled one.
+// Calls launch(KernelVariant{}) and returns its result.
+template <int kHeadDim, bool kDeterministic, class Params, class Launch>
+auto dispatch_variant(const Params& p, Launch&& launch) {
+  if (p.softcap > 0.f || p.alibi != nullptr) return launch(KernelVariant<true, true, kDeterministic>{});
+  if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim)
+    return launch(KernelVariant<false, true, kDeterministic>{});
+  return launch(KernelVariant<false, false, kDeterministic>{});
+}
 
 }  // namespace flashattn::cuda::sm80

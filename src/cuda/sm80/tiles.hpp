@@ -8,10 +8,6 @@ struct FwdTiles {
   int block_q;  // query rows per CTA
   int block_k;  // key rows per main-loop step
   int warps;    // warps per CTA; each owns block_q / warps query rows (FA2: warps split the queries)
-  constexpr bool operator==(const FwdTiles& o) const {
-    return block_q == o.block_q && block_k == o.block_k && warps == o.warps;
-  }
-  constexpr bool operator!=(const FwdTiles& o) const { return !(*this == o); }
 };
 
 // `head_dim` is the kernel's compiled head dim (the problem's max(d, dv) rounded up to a built one); `compact`:
