@@ -420,6 +420,52 @@ def check_bad_inputs(ours, tally: Tally):
             tally.line("PASS", f"bad-input {what}", f"{type(e).__name__}: {str(e)[:120]}")
 
 
+def check_drop_in_layouts(ours, gen, tally: Tally):
+    """What flash_attn takes must run: head dims that are not a multiple of 8 (padded by the Python layer), a
+    packed qkv whose head strides are not 16-byte multiples, and a view whose data pointer is not 16-byte
+    aligned (copied). Forward and backward against the float64 reference, the usual 2x rule."""
+    fa = ours.module
+    dt = torch.bfloat16
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, device=DEV, dtype=torch.float32).to(dt)
+
+    def qkv_packed(d):  # (B, S, 3, H, d): head strides of d elements, not 16-byte multiples when d % 8 != 0
+        x = rand(2, 77, 3, 4, d)
+        return x[:, :, 0], x[:, :, 1], x[:, :, 2]
+
+    def offset_view(d):  # storage offset of one element: data pointers 2 bytes past a 16-byte boundary
+        x = rand(2 * 77 * 4 * d + 1)[1:].view(2, 77, 4, d)
+        return x, rand(2, 77, 4, d), rand(2, 77, 4, d)
+
+    cases = {
+        "head dim 60 causal": (lambda: (rand(2, 77, 4, 60), rand(2, 77, 4, 60), rand(2, 77, 4, 60)), True),
+        "head dim 36, dv 20": (lambda: (rand(1, 130, 4, 36), rand(1, 141, 2, 36), rand(1, 141, 2, 20)), False),
+        "qkv packed d60": (lambda: qkv_packed(60), True),
+        "misaligned q view d64": (lambda: offset_view(64), False),
+    }
+    for what, (make, causal) in cases.items():
+        label = f"drop-in {what}"
+        try:
+            q, k, v = (t.detach().requires_grad_() for t in make())
+            scale = q.shape[-1] ** -0.5
+            out = fa.flash_attn_func(q, k, v, causal=causal)
+            dout = torch.randn(out.shape, generator=gen, device=DEV, dtype=torch.float32).to(dt)
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+            got = {"out": out, "dq": dq, "dk": dk, "dv": dv}
+            mask = Mask(causal=causal)
+            ref, plain = {}, {}
+            for exact, dest in ((True, ref), (False, plain)):
+                qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                o, _ = common.attention(qs, ks, vs, mask, scale, exact=exact)
+                g = torch.autograd.grad(o, (qs, ks, vs), dout.to(o.dtype))
+                dest.update(out=o.detach(), dq=g[0], dk=g[1], dv=g[2])
+            ok, detail = judge(got, ref, plain, q.shape[-1])
+            tally.line("PASS" if ok else "FAIL", label, detail)
+        except Exception as e:
+            tally.line("FAIL", label, f"raised {type(e).__name__}: {str(e)[:200]}")
+
+
 def self_test(gen, tally: Tally):
     """The rule must pass a correct fused kernel and fail broken answers; torch SDPA's FLASH backend stands
     in for a correct kernel (it supports top-left causal only, so no other masks)."""
@@ -539,6 +585,8 @@ def main():
                 torch.cuda.empty_cache()
         if not a.tiny:
             check_bad_inputs(ours, tally)
+            if ON_GPU:
+                check_drop_in_layouts(ours, gen, tally)
     c = tally.counts
     summary = tally.summary()
     print(f"# {summary} in {time.time() - t0:.0f} s" + ("" if ours.ok else "  (self-test only: ours not available)"))

@@ -183,23 +183,50 @@ class _EagerAttention(torch.autograd.Function):
         return _gradients(_bwd_impl, ctx, grad_out)
 
 
-def _unit_last(t: Tensor) -> Tensor:
+# The CUDA kernels move 16-byte vectors: every row must start on a 16-byte boundary (pointer and strides of the
+# non-last dimensions). The C ABI refuses other layouts with a named error; the drop-in API copies instead, as
+# flash_attn works with them.
+_CUDA_VECTOR_BYTES = 16
+
+
+def _kernel_layout(t: Tensor) -> Tensor:
     # The kernels take any strides with a unit-stride last dimension (as flash_attn's maybe_contiguous).
-    return t if t.stride(-1) == 1 else t.contiguous()
+    if t.stride(-1) != 1:
+        return t.contiguous()
+    if t.device.type == "cuda" and t.numel() > 0:
+        elems = max(1, _CUDA_VECTOR_BYTES // t.element_size())
+        aligned = t.data_ptr() % _CUDA_VECTOR_BYTES == 0 and all(
+            stride % elems == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1]) if size > 1)
+        if not aligned:
+            return t.clone(memory_format=torch.contiguous_format)  # a fresh allocation is 512-byte aligned
+    return t
+
+
+def _pad_head_dim(t: Tensor) -> Tensor:
+    # Head dims that are not a multiple of 8 are zero-padded to the next one, as flash_attn does: zero columns
+    # change neither q.k nor the first dv columns of P.V, and autograd slices the padding off the gradients.
+    extra = -t.shape[-1] % 8
+    return t if extra == 0 else torch.nn.functional.pad(t, (0, extra))
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment):
     left, right = window_pair(window_size)
     top_left = causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT
-    inputs = (_unit_last(q), _unit_last(k), _unit_last(v), cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    if softmax_scale is None and head_dim % 8 != 0:
+        softmax_scale = head_dim ** -0.5  # the scale of the real head dim, not of the padded one
+    q, k, v = (_kernel_layout(_pad_head_dim(t)) for t in (q, k, v))
+    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
               int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale), bool(causal), top_left,
               left, right, float(softcap), alibi_slopes, float(dropout_p), bool(deterministic))
     if torch.compiler.is_compiling():
-        return _fwd(*inputs)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(*inputs)
-    return _fwd_impl(*inputs)
+        out, lse = _fwd(*inputs)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _EagerAttention.apply(*inputs)
+    else:
+        out, lse = _fwd_impl(*inputs)
+    return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]), lse
 
 
 def _result(out, lse, return_attn_probs):

@@ -1,10 +1,13 @@
-// The CUDA hooks of core/backend.hpp: backend selection by architecture, and reading varlen offsets.
+// The CUDA hooks of core/backend.hpp: backend selection by architecture, the two CUDA backends (each plans the
+// call, then runs the family the plan names), and reading varlen offsets.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "cuda/device.hpp"
 #include "cuda/host_common.hpp"
+#include "cuda/workspace.hpp"
 
 namespace flashattn::cuda {
 
@@ -25,6 +28,89 @@ detail::Error device_arch(int device, int* arch) {
     return runtime_error("cudaDeviceGetAttribute", e);
   *arch = major * 10 + minor;
   return detail::ok();
+}
+
+namespace {
+
+// Device pointers every launch reads or writes: checked once here for both families.
+detail::Error check_pointers(const detail::Problem& p, bool backward) {
+  const std::pair<const char*, const void*> forward_tensors[] = {{"q", p.q},     {"k", p.k},     {"v", p.v},
+                                                                 {"out", p.out}, {"lse", p.lse}, {"alibi_slopes", p.alibi}};
+  const std::pair<const char*, const void*> backward_tensors[] = {
+      {"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}};
+  for (const auto& [name, ptr] : forward_tensors)
+    if (detail::Error e = check_device_pointer(name, ptr, p.device_index); !e.ok()) return e;
+  if (backward)
+    for (const auto& [name, ptr] : backward_tensors)
+      if (detail::Error e = check_device_pointer(name, ptr, p.device_index); !e.ok()) return e;
+  return detail::ok();
+}
+
+template <Family kSelected>
+detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
+  FwdPlan plan;
+  if (detail::Error e = plan_forward(p, exec, kSelected, &plan); !e.ok()) return e;
+  if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return detail::ok();  // nothing to compute
+  DeviceGuard guard(p.device_index);
+  if (guard.status() != cudaSuccess) return runtime_error("cudaSetDevice", guard.status());
+  if (detail::Error e = check_pointers(p, false); !e.ok()) return e;
+  const auto stream = static_cast<cudaStream_t>(exec.stream);
+  switch (plan.family) {
+    case Family::kSm80:
+      return sm80::run_forward(p, plan, stream);
+    case Family::kSm90: {
+#ifdef FLASHATTN_WITH_SM90
+      Workspace ws;
+      if (detail::Error e = ws.acquire(p.device_index, stream, size_t(plan.workspace_bytes)); !e.ok()) return e;
+      const detail::Error launched = sm90::run_forward(p, plan, ws.data(), stream);
+      const detail::Error released = ws.release();
+      return launched.ok() ? released : launched;
+#else
+      break;
+#endif
+    }
+  }
+  return detail::backend_error("forward plan names a kernel family this build does not have");
+}
+
+template <Family kSelected>
+detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
+  BwdPlan plan;
+  if (detail::Error e = plan_backward(p, exec, kSelected, &plan); !e.ok()) return e;
+  if (p.batch == 0 || p.heads_q == 0) return detail::ok();  // nothing to compute
+  DeviceGuard guard(p.device_index);
+  if (guard.status() != cudaSuccess) return runtime_error("cudaSetDevice", guard.status());
+  if (detail::Error e = check_pointers(p, true); !e.ok()) return e;
+  return sm80::run_backward(p, plan, static_cast<cudaStream_t>(exec.stream));
+}
+
+template <Family kSelected>
+detail::TileShape tile_shape(const detail::Problem& p) {
+  FwdPlan plan;
+  fa_exec exec{};
+  exec.backend = FA_BACKEND_AUTO;
+  if (!plan_forward(p, exec, kSelected, &plan).ok()) return {};
+  return {plan.block_q, plan.block_k};
+}
+
+// 16-byte pointers and strides in multiples of 8 elements: every row of a tile starts on a 16-byte boundary, so
+// the sm80 kernels move whole 128-bit vectors (cp.async 16 B) without alignment checks, and TMA (sm90) needs
+// 16-byte strides as well. Both backends need the same, since either may run the sm80 kernels.
+constexpr int kVectorBytes = 16;
+constexpr int kVectorElems = kVectorBytes / 2;  // fp16/bf16 only
+
+template <Family kFamily>
+const detail::Backend& make_backend() {
+  static const detail::Backend b{family_name(kFamily),
+                                 detail::Requirements{kVectorBytes, kVectorElems, false, family_name(kFamily)},
+                                 forward<kFamily>, backward<kFamily>, tile_shape<kFamily>};
+  return b;
+}
+
+}  // namespace
+
+const detail::Backend& backend(Family f) {
+  return f == Family::kSm90 ? make_backend<Family::kSm90>() : make_backend<Family::kSm80>();
 }
 
 }  // namespace flashattn::cuda
@@ -65,7 +151,7 @@ Error select_cuda_backend(fa_backend requested, int device_index, const Backend*
   if (guard.status() != cudaSuccess) return cuda::runtime_error("cudaSetDevice", guard.status());
   if (want_sm90) {
     if (cudaError_t e = cuda::sm90::kernels_runnable(device_index); e == cudaSuccess) {
-      *out = &cuda::sm90::backend();
+      *out = &cuda::backend(cuda::Family::kSm90);
       return ok();
     } else if (requested == FA_BACKEND_CUDA_SM90) {
       cudaGetLastError();
@@ -80,7 +166,7 @@ Error select_cuda_backend(fa_backend requested, int device_index, const Backend*
                        "; rebuild with FLASHATTN_SM80_ARCHS including " + std::to_string(arch) + "): " +
                        cudaGetErrorString(e));
   }
-  *out = &cuda::sm80::backend();
+  *out = &cuda::backend(cuda::Family::kSm80);
   return ok();
 }
 

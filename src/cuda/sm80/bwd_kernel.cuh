@@ -700,17 +700,16 @@ cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
 }
 
 template <class Tr, class Mask>
-cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_main(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   auto launch = [&](auto variant) { return launch_main<Tr, Mask, decltype(variant)>(p, stream); };
-  return p.deterministic ? dispatch_variant<Tr::kHeadDim, true>(p, launch)
-                         : dispatch_variant<Tr::kHeadDim, false>(p, launch);
+  return plan.deterministic ? dispatch_variant<true>(plan.variant, launch) : dispatch_variant<false>(plan.variant, launch);
 }
 
 // Main kernel, then the dQ postprocess with the same tiles (it reads the workspace in the main kernel's order).
 template <class Tr, class Mask>
-cudaError_t launch_main_and_dq(const BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_main_and_dq(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   if (p.seqlen_k > 0)
-    if (cudaError_t e = launch_main<Tr, Mask>(p, stream); e != cudaSuccess) return e;
+    if (cudaError_t e = launch_main<Tr, Mask>(p, plan, stream); e != cudaSuccess) return e;
   if (p.seqlen_q > 0) {
     auto kernel = &dq_convert_kernel<Tr>;
     constexpr int kSmemBytes = Tr::kQElems * int(sizeof(typename Tr::Element));
@@ -724,12 +723,12 @@ cudaError_t launch_main_and_dq(const BwdParams& p, cudaStream_t stream) {
 }  // namespace bwd
 
 template <fa_dtype kDtype, int kHeadDim>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
   if (cudaError_t e = bwd::launch_preprocess<kDtype>(p, stream); e != cudaSuccess) return e;
   using Traits = bwd::BwdTraits<Element, kHeadDim>;
-  const cudaError_t e = p.has_window ? bwd::launch_main_and_dq<Traits, WindowMask>(p, stream)
-                                     : bwd::launch_main_and_dq<Traits, KeyLengthMask>(p, stream);
+  const cudaError_t e = p.has_window ? bwd::launch_main_and_dq<Traits, WindowMask>(p, plan, stream)
+                                     : bwd::launch_main_and_dq<Traits, KeyLengthMask>(p, plan, stream);
   if (e != cudaSuccess) return e;
   if (p.group > 1) {
     const int64_t n = int64_t(p.heads_kv) * p.rows_k * (std::max(p.head_dim, p.head_dim_v) / 2);

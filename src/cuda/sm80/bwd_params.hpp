@@ -1,9 +1,10 @@
 // What the sm80 backward kernels read: the forward's parameters plus the gradients and the fp32 workspace the
-// host allocates per call (cudaMallocAsync on the caller's stream). Shared by host (.cpp) and device (.cu) code.
+// host allocates per call (cudaMallocAsync on the caller's stream), sized by the plan (plan.cpp). Shared by host (.cpp) and device (.cu) code.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/plan.hpp"
 #include "cuda/sm80/fwd_params.hpp"
 
 namespace flashattn::cuda::sm80 {
@@ -64,6 +65,6 @@ inline BwdWorkspace bwd_workspace(const BwdParams& p) {
 // One compiled backward (dtype x head dim); defined in the generated bwd_<dtype>_hdim<d>.cu units. Launches the
 // preprocess, main (dK/dV), dQ and postprocess kernels on `stream`; the workspace pointers must be set.
 template <fa_dtype kDtype, int kHeadDim>
-cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
+cudaError_t launch_bwd(const BwdParams& params, const BwdPlan& plan, cudaStream_t stream);
 
 }  // namespace flashattn::cuda::sm80

@@ -20,19 +20,20 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
 }
 
 template <class Traits, class Mask>
-cudaError_t launch_variant(const FwdParams& p, cudaStream_t stream) {
-  return dispatch_variant<Traits::kHeadDim, false>(
-      p, [&](auto variant) { return launch_kernel<Traits, Mask, decltype(variant)>(p, stream); });
+cudaError_t launch_variant(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
+  return dispatch_variant<false>(plan.variant,
+                                 [&](auto variant) { return launch_kernel<Traits, Mask, decltype(variant)>(p, stream); });
 }
 
+// The plan's mask policy and tile: causal/window problems always take the compact tile; unmasked ones only
+// where compact_for_short_keys instantiates it.
 template <fa_dtype kDtype, int kHeadDim>
-cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
-  if (p.has_window) return launch_variant<FwdTraits<Element, kHeadDim, true>, WindowMask>(p, stream);
+  if (plan.windowed) return launch_variant<FwdTraits<Element, kHeadDim, true>, WindowMask>(p, plan, stream);
   if constexpr (compact_for_short_keys(kHeadDim))
-    if (fwd_compact(kHeadDim, false, p.seqlen_k))
-      return launch_variant<FwdTraits<Element, kHeadDim, true>, KeyLengthMask>(p, stream);
-  return launch_variant<FwdTraits<Element, kHeadDim, false>, KeyLengthMask>(p, stream);
+    if (plan.compact) return launch_variant<FwdTraits<Element, kHeadDim, true>, KeyLengthMask>(p, plan, stream);
+  return launch_variant<FwdTraits<Element, kHeadDim, false>, KeyLengthMask>(p, plan, stream);
 }
 
 template <fa_dtype kDtype, int kHeadDim>

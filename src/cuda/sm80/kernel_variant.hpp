@@ -3,6 +3,8 @@
 // code or registers for the others.
 #pragma once
 
+#include "cuda/plan.hpp"
+
 namespace flashattn::cuda::sm80 {
 
 template <bool kScoreMods_, bool kPaddedHeadDim_, bool kDeterministic_ = false>
@@ -21,14 +23,12 @@ struct KernelVariant {
 
 using PlainVariant = KernelVariant<false, false>;
 
-// The one rule for which instantiation serves a call (forward and backward launchers both use it): the
-// score-mods kernel serves any head dim, the plain one only head dims equal to the compiled one.
-// Calls launch(KernelVariant{}) and returns its result.
-template <int kHeadDim, bool kDeterministic, class Params, class Launch>
-auto dispatch_variant(const Params& p, Launch&& launch) {
-  if (p.softcap > 0.f || p.alibi != nullptr) return launch(KernelVariant<true, true, kDeterministic>{});
-  if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim)
-    return launch(KernelVariant<false, true, kDeterministic>{});
+// The instantiation the plan's variant names (plan.cpp decides it: the score-mods kernel serves any head dim,
+// the plain one only head dims equal to the compiled one). Calls launch(KernelVariant{}) and returns its result.
+template <bool kDeterministic, class Launch>
+auto dispatch_variant(const Variant& v, Launch&& launch) {
+  if (v.score_mods) return launch(KernelVariant<true, true, kDeterministic>{});
+  if (v.padded_head_dim) return launch(KernelVariant<false, true, kDeterministic>{});
   return launch(KernelVariant<false, false, kDeterministic>{});
 }
 

@@ -6,6 +6,7 @@
 
 #include "cuda/common/element.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/plan.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 
 namespace flashattn::cuda::sm90 {
@@ -27,10 +28,13 @@ auto gmem_tensor(Ptr ptr, int64_t rows, int dim, int heads, int batch, int64_t r
                                  tma_stride<Element>(batch_stride, batch)));
 }
 
+// One kernel of the plan: TMA descriptors, grid and scheduler from the plan's fields. `counter`: the plan's
+// workspace (an int), zeroed here in stream order, for the dynamic schedule.
 template <class Traits, bool kScoreMods, bool kPackGQA>
-cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kBlockN = Traits::kBlockN;
+  static_assert(Traits::kBlockM == fwd_tiles(kHeadDim, Traits::kWindowed).block_q(), "the plan's block_q");
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch = varlen ? 1 : p.batch;  // varlen: one tensor of total rows; sequences are row offsets
   const int heads_kv = p.heads_q / p.group;
@@ -57,65 +61,41 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
   kp.shape_k = mK.shape();
   kp.shape_v = mV.shape();
   kp.shape_o = mO.shape();
-  const int64_t tile_rows = int64_t(p.seqlen_q) * (kPackGQA ? p.group : 1);  // packed: (position, head) rows
-  kp.num_m_blocks = int((tile_rows + Traits::kBlockM - 1) / Traits::kBlockM);
   const int tile_heads = kPackGQA ? heads_kv : p.heads_q;
-
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  int l2_bytes = 0;
-  if (cudaError_t e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device); e != cudaSuccess) return e;
-  // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
-  const int64_t kv_bytes = int64_t(std::max(p.seqlen_k, 1)) * (p.head_dim + p.head_dim_v) * int64_t(sizeof(Element));
-  kp.section_heads = int(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, int64_t(tile_heads) * p.batch));
+  kp.num_m_blocks = int(plan.tiles / (int64_t(tile_heads) * p.batch));
+  kp.section_heads = plan.section_heads;
 
   auto kernel = &fwd_kernel<Traits, kScoreMods, kPackGQA>;
-  const bool dynamic = Traits::Mech::kPersistent && p.has_window;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
       e != cudaSuccess)
     return e;
-  const int64_t tiles = int64_t(kp.num_m_blocks) * tile_heads * p.batch;
-  int grid = int(tiles);
-  if constexpr (Traits::Mech::kPersistent) {
-    int sms = 0;
-    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
-    grid = int(std::min<int64_t>(tiles, sms));  // one CTA per SM (the kernel takes most of its shared memory)
-  }
-  if (dynamic) {
-    // The tile counter lives for one launch, stream-ordered (also inside CUDA graph capture).
-    void* counter = nullptr;
-    if (cudaError_t e = cudaMallocAsync(&counter, sizeof(int), stream); e != cudaSuccess) return e;
-    kp.tile_counter = static_cast<int*>(counter);
-    cudaError_t e = cudaMemsetAsync(counter, 0, sizeof(int), stream);
-    if (e == cudaSuccess) {
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
-      e = cudaGetLastError();
-    }
-    const cudaError_t freed = cudaFreeAsync(counter, stream);
-    return e != cudaSuccess ? e : freed;
+  // The ablation variant without persistence runs one CTA per tile whatever the plan says.
+  const bool persistent = Traits::Mech::kPersistent && plan.schedule != Schedule::kPerTile;
+  const int grid = persistent ? plan.grid : int(plan.tiles);
+  if (persistent && plan.schedule == Schedule::kPersistentDynamic) {
+    if (counter == nullptr) return cudaErrorInvalidValue;  // the plan's workspace was not provided
+    if (cudaError_t e = cudaMemsetAsync(counter, 0, sizeof(int), stream); e != cudaSuccess) return e;
+    kp.tile_counter = counter;
   }
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
   return cudaGetLastError();
 }
 
-// Causal/window problems may get other tiles than the rest (tiles.hpp): a second kernel only where they differ.
-// GQA with query sequences shorter than a tile runs the packed kernel (default mechanisms only): its tiles are
-// full and each K/V block is read once per group instead of once per query head. Not with ALiBi (a slope per
-// head inside one tile).
+// The plan's tiles: causal/window and packed problems take the windowed tile table entry, the rest the other one
+// (a second kernel only where the two entries differ); packed GQA and score mods are their own instantiations.
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
-cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
   using Windowed = FwdTraits<Element, kHeadDim, true, Mech>;
   if constexpr (std::is_same_v<Mech, Mechanisms<>>) {
-    if (p.group > 1 && p.seqlen_q < Windowed::kBlockM && p.alibi == nullptr)
-      return launch_kernel<Windowed, kScoreMods, true>(p, stream);
+    if (plan.pack_gqa) return launch_kernel<Windowed, kScoreMods, true>(p, plan, counter, stream);
   }
   if constexpr (fwd_tiles(kHeadDim, true).block_k != fwd_tiles(kHeadDim, false).block_k ||
                 fwd_tiles(kHeadDim, true).consumer_warpgroups != fwd_tiles(kHeadDim, false).consumer_warpgroups ||
                 fwd_tiles(kHeadDim, true).stages != fwd_tiles(kHeadDim, false).stages) {
-    if (!p.has_window) return launch_kernel<FwdTraits<Element, kHeadDim, false, Mech>, kScoreMods, false>(p, stream);
+    if (!plan.windowed) return launch_kernel<FwdTraits<Element, kHeadDim, false, Mech>, kScoreMods, false>(p, plan, counter, stream);
   }
-  return launch_kernel<Windowed, kScoreMods, false>(p, stream);
+  return launch_kernel<Windowed, kScoreMods, false>(p, plan, counter, stream);
 }
 
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>

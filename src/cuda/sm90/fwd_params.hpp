@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cuda/fwd_params.hpp"
+#include "cuda/plan.hpp"
 #include "cuda/sm90/mechanisms.hpp"
 
 namespace flashattn::cuda::sm90 {
@@ -12,7 +13,7 @@ using cuda::FwdParams;
 // One compiled forward kernel (dtype x head dim x score modifiers x mechanisms); defined in the generated
 // sm90_fwd_*.cu units. `Mech` is a Mechanisms<...> list (fwd_kernel.cuh); the default set uses Mechanisms<>.
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
-cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream);
+cudaError_t launch_fwd(const FwdParams& params, const FwdPlan& plan, int* workspace, cudaStream_t stream);
 // Attributes of that kernel; fails when the build holds no code this device can run.
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes);

@@ -1,0 +1,222 @@
+// The planner: every dispatch decision of a CUDA call, made once from the validated Problem (see plan.hpp).
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "cuda/device.hpp"
+#include "cuda/host_common.hpp"
+#include "cuda/sm80/bwd_params.hpp"
+#include "cuda/sm80/tiles.hpp"
+#include "cuda/sm90/tiles.hpp"
+
+namespace flashattn::cuda {
+
+const char* family_name(Family f) { return f == Family::kSm90 ? "cuda-sm90" : "cuda-sm80"; }
+
+detail::Error device_info(int device, DeviceInfo* info) {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mutex;
+  static DeviceInfo cache[kMaxDevices];
+  if (device < 0) return detail::invalid("q", "device_index must be >= 0");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < kMaxDevices && cache[device].sms > 0) {
+    *info = cache[device];
+    return detail::ok();
+  }
+  DeviceInfo d;
+  if (detail::Error e = device_arch(device, &d.arch); !e.ok()) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+    return runtime_error("cudaDeviceGetAttribute(multiProcessorCount)", e);
+  if (cudaError_t e = cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, device); e != cudaSuccess)
+    return runtime_error("cudaDeviceGetAttribute(L2CacheSize)", e);
+  if (device < kMaxDevices) cache[device] = d;
+  *info = d;
+  return detail::ok();
+}
+
+namespace {
+
+const char* dtype_name(fa_dtype t) { return t == FA_FLOAT16 ? "float16" : t == FA_BFLOAT16 ? "bfloat16" : "float32"; }
+bool needs_score_mods(const detail::Problem& p) { return p.softcap > 0.f || p.alibi != nullptr; }
+int64_t max_head_dim(const detail::Problem& p) { return std::max(p.head_dim, p.head_dim_v); }
+
+Variant variant_of(const detail::Problem& p, int compiled_head_dim) {
+  Variant v;
+  v.score_mods = needs_score_mods(p);
+  // The score-mods kernel serves every head dim (sm80/kernel_variant.hpp); the plain one only the compiled one.
+  v.padded_head_dim = v.score_mods || p.head_dim != compiled_head_dim || p.head_dim_v != compiled_head_dim;
+  return v;
+}
+
+constexpr int kMaxGridYZ = 65535;  // CUDA grid limit of the sm80 launch's heads (y) and batch (z) dimensions
+constexpr int64_t kMaxTmaCoord = (int64_t(1) << 31) - 1;  // TMA coordinates and sm90 tile indices are 32-bit
+
+// ------------------------------------------------------------------------------------------------- sm90
+// Why the sm90 forward cannot take the problem (the message of an explicit cuda-sm90 request), or "" when it can.
+std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
+  *instance = sm90::find_fwd(p.dtype, max_head_dim(p), needs_score_mods(p));
+  if (!instance->found())
+    return "q: the cuda-sm90 backend has no kernel for this dtype with head_dim " + std::to_string(p.head_dim) +
+           ", head_dim_v " + std::to_string(p.head_dim_v) + (needs_score_mods(p) ? " and softcap/ALiBi" : "") +
+           " in this build (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
+  // TMA strides must be positive multiples of 16 bytes (the validation already requires multiples of 8
+  // elements); a zero stride is only harmless along a dimension of extent 1.
+  const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
+  const int64_t batch = p.varlen ? 1 : p.batch;
+  auto bad = [&](const detail::RowLayout& l, int64_t rows, int64_t heads) {
+    return (rows > 1 && l.row == 0) || (heads > 1 && l.head == 0) || (batch > 1 && l.batch == 0);
+  };
+  const char* tma_arg = bad(p.q_layout, rows_q, p.heads_q)     ? "q"
+                        : bad(p.k_layout, rows_k, p.heads_kv)  ? "k"
+                        : bad(p.v_layout, rows_k, p.heads_kv)  ? "v"
+                        : bad(p.out_layout, rows_q, p.heads_q) ? "out"
+                                                               : nullptr;
+  if (tma_arg != nullptr)
+    return std::string(tma_arg) + ": the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides "
+                                  "along every dimension of extent > 1 (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
+  const int64_t max_tiles = (p.seqlen_q + sm90::kWarpgroupRows - 1) / sm90::kWarpgroupRows * p.heads_q * p.batch;
+  const int64_t max_rows = std::max(p.varlen ? p.total_q : p.batch * p.seqlen_q, p.varlen ? p.total_k : p.batch * p.seqlen_k);
+  if (max_rows > kMaxTmaCoord || max_tiles > kMaxTmaCoord)
+    return "q: the cuda-sm90 backend addresses at most 2^31-1 rows per tensor and 2^31-1 (query block, head, batch) "
+           "tiles";
+  return "";
+}
+
+detail::Error plan_sm90(const detail::Problem& p, Instance instance, FwdPlan* plan) {
+  DeviceInfo dev;
+  if (detail::Error e = device_info(p.device_index, &dev); !e.ok()) return e;
+  FwdPlan& f = *plan;
+  f.family = Family::kSm90;
+  f.instance = instance.index;
+  f.head_dim = instance.head_dim;
+  f.variant = variant_of(p, instance.head_dim);
+  f.windowed = p.has_window();
+  // GQA with query sequences shorter than a tile packs the group's query heads into the tile's rows: the tile
+  // is full and each K/V block is read once per group instead of once per query head. Not with ALiBi (a slope
+  // per head inside one tile). Packed tiles take the causal/window tiles.
+  const sm90::FwdTiles windowed_tiles = sm90::fwd_tiles(instance.head_dim, true);
+  f.pack_gqa = p.group() > 1 && p.seqlen_q < windowed_tiles.block_q() && p.alibi == nullptr;
+  const sm90::FwdTiles t = sm90::fwd_tiles(instance.head_dim, f.windowed || f.pack_gqa);
+  f.block_q = t.block_q();
+  f.block_k = t.block_k;
+  f.warps = t.consumer_warpgroups;
+  f.stages = t.stages;
+  const int64_t tile_rows = p.seqlen_q * (f.pack_gqa ? p.group() : 1);  // packed: (position, head) rows
+  const int64_t m_blocks = (tile_rows + f.block_q - 1) / f.block_q;
+  const int64_t tile_heads = f.pack_gqa ? p.heads_kv : p.heads_q;
+  f.tiles = m_blocks * tile_heads * p.batch;
+  // Under causal/window tile lengths differ: a global counter hands out tiles longest first. Without a window
+  // every tile costs the same and the static round-robin needs no counter (sm90/fwd_kernel.cuh TileScheduler).
+  f.schedule = f.windowed ? Schedule::kPersistentDynamic : Schedule::kPersistentStatic;
+  f.grid = int(std::min<int64_t>(f.tiles, dev.sms));  // one CTA per SM (the kernel takes most of shared memory)
+  // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
+  const int64_t elem = 2;
+  const int64_t kv_bytes = std::max<int64_t>(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * elem;
+  f.section_heads = int(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(tile_heads * p.batch, 1)));
+  f.num_splits = 1;
+  f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
+  return detail::ok();
+}
+
+// ------------------------------------------------------------------------------------------------- sm80
+detail::Error grid_fits_sm80(const detail::Problem& p) {
+  if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
+    return detail::unsupported("q: the cuda-sm80 backend supports at most " + std::to_string(kMaxGridYZ) +
+                               " heads and batch entries (got " + std::to_string(p.heads_q) + " heads, batch " +
+                               std::to_string(p.batch) + ")");
+  return detail::ok();
+}
+
+detail::Error plan_sm80(const detail::Problem& p, FwdPlan* plan) {
+  const Instance instance = sm80::find_fwd(p.dtype, max_head_dim(p));
+  if (!instance.found())
+    return detail::unsupported("q: the cuda-sm80 backend has no kernel for " + std::string(dtype_name(p.dtype)) +
+                               " with head_dim " + std::to_string(p.head_dim) + ", head_dim_v " +
+                               std::to_string(p.head_dim_v) + " in this build (built: " + sm80::built_list() +
+                               "; FLASHATTN_KERNELS=default or all builds more)");
+  if (detail::Error e = grid_fits_sm80(p); !e.ok()) return e;
+  FwdPlan& f = *plan;
+  f.family = Family::kSm80;
+  f.instance = instance.index;
+  f.head_dim = instance.head_dim;
+  f.variant = variant_of(p, instance.head_dim);
+  f.windowed = p.has_window();
+  f.compact = sm80::fwd_compact(instance.head_dim, f.windowed, p.seqlen_k);
+  const sm80::FwdTiles t = sm80::fwd_tiles(instance.head_dim, f.compact);
+  f.block_q = t.block_q;
+  f.block_k = t.block_k;
+  f.warps = t.warps;
+  f.stages = 0;
+  f.schedule = Schedule::kPerTile;
+  f.tiles = (p.seqlen_q + t.block_q - 1) / t.block_q * p.heads_q * p.batch;
+  f.grid = int(std::min<int64_t>(f.tiles, int64_t(1) << 30));
+  f.num_splits = 1;
+  f.workspace_bytes = 0;
+  return detail::ok();
+}
+
+}  // namespace
+
+detail::Error plan_forward(const detail::Problem& p, const fa_exec& exec, Family selected, FwdPlan* plan) {
+  *plan = FwdPlan{};
+  if (selected == Family::kSm90) {
+#ifdef FLASHATTN_WITH_SM90
+    Instance instance;
+    const std::string unfit = sm90_unfit(p, &instance);
+    if (unfit.empty()) return plan_sm90(p, instance, plan);
+    if (exec.backend == FA_BACKEND_CUDA_SM90) return detail::unsupported(unfit);
+#else
+    if (exec.backend == FA_BACKEND_CUDA_SM90)
+      return detail::unsupported("exec.backend: this build of flashattn has no cuda-sm90 kernels");
+#endif
+  }
+  return plan_sm80(p, plan);
+}
+
+detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Family /*selected*/, BwdPlan* plan) {
+  // Both families run the sm80 backward until the Hopper backward exists.
+  *plan = BwdPlan{};
+  const Instance instance = sm80::find_bwd(p.dtype, max_head_dim(p));
+  if (!instance.found())
+    return detail::unsupported("q: the cuda-sm80 backend has no backward kernel for " +
+                               std::string(dtype_name(p.dtype)) + " with head_dim " + std::to_string(p.head_dim) +
+                               ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build");
+  if (detail::Error e = grid_fits_sm80(p); !e.ok()) return e;
+  BwdPlan& b = *plan;
+  b.family = Family::kSm80;
+  b.instance = instance.index;
+  b.head_dim = instance.head_dim;
+  b.variant = variant_of(p, instance.head_dim);
+  b.deterministic = exec.deterministic != 0;
+  const sm80::BwdTiles tiles = sm80::bwd_tiles(instance.head_dim);
+  b.block_q = tiles.block_q;
+  b.block_k = tiles.block_k;
+  // dQ workspace geometry (sm80/bwd_params.hpp). Deterministic: enough splits (CTAs per head and batch) to fill
+  // the GPU once, never more than there are key blocks.
+  const int64_t rows_q = p.varlen ? p.total_q : p.batch * p.seqlen_q;
+  const int64_t rows_k = p.varlen ? p.total_k : p.batch * p.seqlen_k;
+  b.dq_tile = int64_t(tiles.block_q) * instance.head_dim;
+  b.dq_blocks = rows_q / tiles.block_q + p.batch + 1;
+  b.dq_splits = 1;
+  if (b.deterministic) {
+    DeviceInfo dev;
+    if (detail::Error e = device_info(p.device_index, &dev); !e.ok()) return e;
+    const int64_t ctas = std::max<int64_t>(1, p.batch * p.heads_q);
+    const int64_t key_blocks = std::max<int64_t>(1, (p.seqlen_k + tiles.block_k - 1) / tiles.block_k);
+    b.dq_splits = int(std::min(key_blocks, (dev.sms + ctas - 1) / ctas));
+  }
+  sm80::BwdParams geometry;
+  geometry.heads_q = int(p.heads_q);
+  geometry.group = int(p.group());
+  geometry.head_dim = int(p.head_dim);
+  geometry.head_dim_v = int(p.head_dim_v);
+  geometry.rows_q = rows_q;
+  geometry.rows_k = rows_k;
+  geometry.dq_splits = b.dq_splits;
+  geometry.dq_blocks = b.dq_blocks;
+  geometry.dq_tile = b.dq_tile;
+  b.workspace_bytes = sm80::bwd_workspace(geometry).total() * int64_t(sizeof(float));
+  return detail::ok();
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,60 @@
+// The dispatch plan of one CUDA attention call: every decision about which kernel runs and how, made once on the
+// host from the validated Problem (plan.cpp). The launchers of both families only switch on these fields;
+// Backend::tile_shape, fa_forward_plan (the CLI's IO picture, the tests) read the same struct, so what is reported
+// is what runs. Plain data: device code (the launch headers of each family) includes it too.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::cuda {
+
+enum class Family : uint8_t {
+  kSm80,  // FlashAttention-2 design (mma.sync, cp.async): sm80 and later
+  kSm90,  // FlashAttention-3 design (TMA, wgmma, warp specialisation): sm_90a only
+};
+
+// How CTAs are assigned to (query block, head, batch) tiles.
+enum class Schedule : uint8_t {
+  kPerTile,            // one CTA per tile (sm80; sm90 without persistence)
+  kPersistentStatic,   // one CTA per SM, tiles c, c + grid, ... (every tile costs the same)
+  kPersistentDynamic,  // one CTA per SM asking a global counter for its next tile (tile lengths differ)
+};
+
+// Which instantiation of a compiled kernel serves the call.
+struct Variant {
+  bool score_mods = false;       // softcap and/or ALiBi
+  bool padded_head_dim = false;  // head_dim or head_dim_v below the compiled head dim
+};
+
+struct FwdPlan {
+  Family family = Family::kSm80;
+  int instance = -1;   // index into the family's forward kernel table
+  int head_dim = 0;    // the compiled head dim of that kernel (>= max(d, dv))
+  Variant variant;
+  bool windowed = false;  // mask policy: causal / sliding window (WindowMask), else key length only
+  bool compact = false;   // sm80: the compact tile (sm80/tiles.hpp fwd_compact)
+  bool pack_gqa = false;  // sm90: the query heads of one KV group share a tile (short query sequences)
+  int block_q = 0, block_k = 0;
+  int warps = 0;   // sm80: warps per CTA; sm90: consumer warpgroups
+  int stages = 0;  // sm90: K/V pipeline depth
+  Schedule schedule = Schedule::kPerTile;
+  int64_t tiles = 0;     // (query block, head, batch) tiles; packed: heads are KV heads
+  int grid = 0;          // CTAs launched (persistent: min(tiles, SMs))
+  int section_heads = 1; // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
+  int num_splits = 1;    // KV splits per (batch, head); split-KV is not built yet, always 1
+  int64_t workspace_bytes = 0;  // device workspace the launch needs (the dynamic scheduler's tile counter)
+};
+
+struct BwdPlan {
+  Family family = Family::kSm80;
+  int instance = -1;
+  int head_dim = 0;
+  Variant variant;
+  bool deterministic = false;  // dQ in ordered splits instead of atomics
+  int block_q = 0, block_k = 0;
+  int dq_splits = 1;
+  int64_t dq_blocks = 0, dq_tile = 0;  // dQ accumulator geometry (sm80/bwd_params.hpp)
+  int64_t workspace_bytes = 0;
+};
+
+}  // namespace flashattn::cuda

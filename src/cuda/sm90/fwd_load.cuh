@@ -1,0 +1,147 @@
+// The load collective of the sm90 forward: one producer warp issues the TMA loads of Q (per tile) and of K/V (per
+// key block) into a multi-stage pipeline completing on mbarriers. GQA-packed tiles gather Q in the consumers
+// instead (gather_q_packed): their rows are (position, head) pairs, not a TMA box. This is the slot where paged
+// and gathered K/V will go: the consumers only see pipeline stages.
+#pragma once
+
+#include "cuda/sm90/fwd_tile.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class Traits, bool kPackGQA>
+struct FwdLoad {
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Traits::PipelineState;
+  using Tile = FwdTile<Traits, kPackGQA>;
+  static constexpr int kWgRows = Traits::kWgRows, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  static constexpr int kWGs = Traits::kConsumerWGs, kWgThreads = Traits::kWgThreads;
+  static constexpr int kProducerWarpThreads = 32;
+  static constexpr int kQSpaceThreads = Traits::kConsumerThreads + kProducerWarpThreads;
+
+  // Q-space protocol (the producer warp and every consumer thread): the consumers release the space of a tile's Q
+  // (and of O where O is staged there) once nothing reads it; the producer waits for that before the next Q load.
+  __device__ static void release_q_space() { cutlass::arch::NamedBarrier::arrive(kQSpaceThreads, Barrier::kQFree); }
+  __device__ static void wait_q_space() { cutlass::arch::NamedBarrier::sync(kQSpaceThreads, Barrier::kQFree); }
+
+  const KernelParams<Traits>& kp;
+  typename Traits::SharedStorage& ss;
+  Pipeline& pipe_k;
+  Pipeline& pipe_v;
+  bool leader;  // the lane that issues the copies
+  PipelineState k_write = cutlass::make_producer_start_state<Pipeline>();
+  PipelineState v_write = cutlass::make_producer_start_state<Pipeline>();
+  bool first_tile = true;
+
+  __device__ FwdLoad(const KernelParams<Traits>& kp_, typename Traits::SharedStorage& ss_, Pipeline& k, Pipeline& v)
+      : kp(kp_), ss(ss_), pipe_k(k), pipe_v(v), leader(threadIdx.x == 0) {}
+
+  // Loads tile `idx` (skipping tiles without rows) and publishes it to the consumers with its Q load.
+  __device__ void load(const TileScheduler& sched, int idx) {
+    const FwdParams& p = kp.p;
+    const Tile tile(p, sched.tile(idx));
+    if (tile.empty()) return;
+    const TileScheduler::Tile& t = tile.t;
+    const BlockRange range = tile.range;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const int b = varlen ? 0 : t.batch;
+    const int kv_head = kPackGQA ? t.head : t.head / p.group;
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    Tensor mQ = domain_offset(make_coord(tile.seq.q_start, _0{}), kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, t.head, b));
+    Tensor mK = domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
+    Tensor mV = domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
+    Tensor gQ = local_tile(mQ, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, d, m/64)
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    auto q_parts = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    Tensor tQg = get<0>(q_parts);
+    Tensor tQs = get<1>(q_parts);
+    auto k_parts = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    Tensor tKg = get<0>(k_parts);
+    Tensor tKs = get<1>(k_parts);
+    auto v_parts = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    Tensor tVg = get<0>(v_parts);
+    Tensor tVs = get<1>(v_parts);
+
+    auto load_k = [&](int n) {
+      pipe_k.producer_acquire(k_write);
+      if (leader) copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
+      ++k_write;
+    };
+    auto load_v = [&](int n) {
+      pipe_v.producer_acquire(v_write);
+      if (leader) copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
+      ++v_write;
+    };
+
+    // Key blocks from the last to the first (the one partial block is masked first). K of the first block
+    // only waits for a free stage, so it streams in while the previous tile's epilogue still runs.
+    if (range.hi > range.lo) load_k(range.hi - 1);
+    if (!first_tile) wait_q_space();
+    first_tile = false;
+    if (leader) {
+      publish_tile(ss.tile_idx, idx);
+      if constexpr (kPackGQA) {
+        ss.barrier_q.arrive();  // packed rows are no TMA box: each consumer warpgroup gathers its own
+      } else {
+        ss.barrier_q.arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
+        CUTE_UNROLL
+        for (int w = 0; w < kWGs; ++w)
+          copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), tQg(_, t.m_block * kWGs + w), tQs(_, w));
+      }
+    }
+    // Q.K^T of block n-1 is issued before P.V of block n (intra-warpgroup overlap): K(n-1) before V(n).
+    for (int n = range.hi - 1; n > range.lo; --n) {
+      load_k(n - 1);
+      load_v(n);
+    }
+    if (range.hi > range.lo) load_v(range.lo);
+  }
+
+  // After the last tile: matches the consumers' release of the last tile's Q space (every arrive has its sync),
+  // then tells them there is no further tile.
+  __device__ void finish(const TileScheduler& sched) {
+    if (!first_tile) wait_q_space();
+    if (leader) {
+      publish_tile(ss.tile_idx, sched.count());
+      ss.barrier_q.arrive();
+    }
+  }
+
+  // Consumers of a packed tile: warpgroup `wg` gathers its 64 packed rows of Q into its Q tile with 16-byte loads
+  // (rows past the sequence and columns past head_dim are zero), then makes them visible to wgmma (async proxy).
+  template <class SmemQ>
+  __device__ static void gather_q_packed(const FwdParams& p, const Tile& tile, SmemQ& sQw, int wg, int tid) {
+    static_assert(kPackGQA);
+    const int m0_wg = tile.m0 + wg * kWgRows;
+    const int head0 = tile.head0(p);
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);  // the previous tile's reads of
+                                                                                  // this space are done
+    typename Traits::GmemStoreO gather;  // the same 128-thread, 16-byte-vector partition as the O stores
+    auto gthr = gather.get_thread_slice(tid);
+    Tensor tQs = gthr.partition_D(sQw);
+    Tensor tQc = gthr.partition_D(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+    const Element* q_base = static_cast<const Element*>(p.q) +
+                            (varlen ? int64_t(tile.seq.q_start) * p.q_row : int64_t(tile.t.batch) * p.q_batch);
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tQs); ++m) {
+      const PackedRow r(m0_wg + get<0>(tQc(0, m, 0)), tile.rows_per_pos, head0);
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tQs); ++k) {
+        const int col = get<1>(tQc(0, m, k));
+        cute::uint128_t v{};
+        if (r.pos < tile.seq.len_q && col < p.head_dim)
+          v = *reinterpret_cast<const cute::uint128_t*>(q_base + int64_t(r.pos) * p.q_row + int64_t(r.head) * p.q_head + col);
+        *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&tQs(0, m, k))) = v;
+      }
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
+  }
+};
+
+}  // namespace flashattn::cuda::sm90

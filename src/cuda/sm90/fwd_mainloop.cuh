@@ -1,0 +1,228 @@
+// The mainloop collective of the sm90 forward, run by each consumer warpgroup (64 query rows) for one tile:
+// S = Q.K^T as wgmma with both operands in shared memory, the score slots (score modifiers, then the mask), the
+// online softmax in registers, the probability slot, then O += P.V as wgmma with P from registers. Ping-pong
+// (named barriers order the warpgroups' GEMM issue so that one's softmax runs under the other's GEMMs) and
+// intra-warpgroup overlap (Q.K^T of a key block and P.V of the previous one are issued together; the softmax of
+// the first runs while the second is in flight) are the Mechanisms' switches.
+#pragma once
+
+#include "cuda/sm90/fwd_load.cuh"
+#include "cuda/sm90/fwd_tile.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+// The probability slot: runs on each tile of exponentiated scores (rows_cols view, unnormalised P in fp32)
+// before it becomes the A operand of P.V. The default is empty; dropout is its first policy to come.
+struct NoProbMod {
+  template <class S, class C>
+  __device__ void apply(S&, const C&, int /*m0*/, int /*n0*/) const {}
+};
+
+// Ping-pong between the consumer warpgroups: warpgroup w issues its GEMMs after warpgroup w-1 did (cyclically);
+// the last one lets the first start. Every wait has a matching arrive: the first warpgroup consumes the final one
+// after its last tile (drain).
+template <class Traits>
+struct PingPong {
+  static constexpr int kWGs = Traits::kConsumerWGs, kWgThreads = Traits::kWgThreads;
+  static constexpr bool kOn = Traits::Mech::kPingpong;
+  int wg;
+  __device__ void prime() const {
+    if constexpr (kOn)
+      if (wg == kWGs - 1) cutlass::arch::NamedBarrier::arrive(2 * kWgThreads, Barrier::kSchedulerBase);
+  }
+  __device__ void wait() const {
+    if constexpr (kOn) cutlass::arch::NamedBarrier::sync(2 * kWgThreads, Barrier::kSchedulerBase + wg);
+  }
+  __device__ void signal() const {
+    if constexpr (kOn) cutlass::arch::NamedBarrier::arrive(2 * kWgThreads, Barrier::kSchedulerBase + (wg + 1) % kWGs);
+  }
+  __device__ void drain() const {
+    if constexpr (kOn)
+      if (wg == 0) cutlass::arch::NamedBarrier::sync(2 * kWgThreads, Barrier::kSchedulerBase);
+  }
+};
+
+// apply_mask for packed rows: the mask sees query positions, not tile rows.
+template <class Mask, class S, class C>
+__device__ void apply_mask_packed(const Mask& mask, S& s, const C& coords, int m0, int rows_per_pos, int n0) {
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(s); ++r) {
+    const ColRange cr = mask.cols((m0 + get<0>(coords(r, 0))) / rows_per_pos);
+    const int lo = cr.lo - n0, hi = cr.hi - n0;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s); ++c) {
+      const int col = get<1>(coords(0, c));
+      if (col < lo || col >= hi) s(r, c) = -INFINITY;
+    }
+  }
+}
+
+// kScoreMods: softcap and/or ALiBi present (their own instantiation keeps the plain kernel's registers free).
+template <class Traits, bool kScoreMods, bool kPackGQA, class ProbMod = NoProbMod>
+struct FwdMainloop {
+  using Element = typename Traits::Element;
+  using Mech = typename Traits::Mech;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Traits::PipelineState;
+  using Tile = FwdTile<Traits, kPackGQA>;
+  static constexpr int kWgRows = Traits::kWgRows, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  static constexpr int kWgThreads = Traits::kWgThreads, kConsumerThreads = Traits::kConsumerThreads;
+
+  // O of one warpgroup (64 x d, fp32 in registers) and the softmax statistics of its rows.
+  using AccO = decltype(partition_fragment_C(typename Traits::TiledMmaPV{}, Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+  __device__ static AccO make_acc_o() {
+    return partition_fragment_C(typename Traits::TiledMmaPV{}, Shape<Int<kWgRows>, Int<kHeadDim>>{});
+  }
+  static constexpr int kRowsPerThread = decltype(size<0>(rows_cols(typename AccO::layout_type{})))::value;
+  using Softmax = OnlineSoftmax<kRowsPerThread>;
+
+  typename Traits::SharedStorage& ss;
+  Pipeline& pipe_k;
+  Pipeline& pipe_v;
+  PingPong<Traits> pingpong;
+  int wg, tid;
+  PipelineState k_read, v_read;
+
+  __device__ FwdMainloop(typename Traits::SharedStorage& ss_, Pipeline& k, Pipeline& v, int wg_, int tid_)
+      : ss(ss_), pipe_k(k), pipe_v(v), pingpong{wg_}, wg(wg_), tid(tid_) {}
+
+  // The tile's key blocks into tOrO (cleared first) and softmax (fresh). Blocks run from the last to the first.
+  __device__ void run(const FwdParams& p, const Tile& tile, AccO& tOrO, Softmax& softmax) {
+    typename Traits::TiledMmaQK mma_qk;
+    typename Traits::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(tid);
+    auto thr_pv = mma_pv.get_thread_slice(tid);
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
+    Tensor sQw = sQ(_, _, wg);
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQw);  // (MMA, 1, d/16) descriptors
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, 1, d/16, stages)
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, 1, N/16, stages)
+    Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kBlockN>>{}));
+    Tensor cS_rc = make_tensor(cS.data(), rows_cols(cS.layout()));
+    Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
+
+    const BlockRange range = tile.range;
+    const int m0_wg = tile.m0 + wg * kWgRows;  // this warpgroup's first tile row
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const ScoreMods mods(p, tile.seq, tile.t.batch, tile.t.head);  // ALiBi never runs packed (slope per head)
+    const ProbMod prob_mod{};
+
+    if constexpr (kPackGQA) FwdLoad<Traits, true>::gather_q_packed(p, tile, sQw, wg, tid);
+
+    clear(tOrO);
+
+    // The score slots (modifiers, mask) and the exponentiation of one score tile; returns whether O needs the
+    // rescale. The probability slot runs on the result.
+    auto softmax_step = [&](auto& tSrS, int n, auto is_first, float (&correction)[kRowsPerThread]) {
+      Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+      const int n0 = n * kBlockN;
+      if constexpr (kScoreMods) mods.apply(s, cS_rc, m0_wg, n0);
+      if constexpr (kPackGQA) {
+        const BlockRange pos_wg = tile.positions(m0_wg, kWgRows);
+        if (tile.mask.block_needs_mask(pos_wg.lo, max(pos_wg.hi - pos_wg.lo, 1), n0, kBlockN))
+          apply_mask_packed(tile.mask, s, cS_rc, m0_wg, tile.rows_per_pos, n0);
+      } else if (tile.mask.block_needs_mask(m0_wg, kWgRows, n0, kBlockN)) {
+        apply_mask(tile.mask, s, cS_rc, m0_wg, n0);
+      }
+      const bool rescale = softmax.template exponentiate<decltype(is_first)::value>(s, p.scale_log2, correction);
+      prob_mod.apply(s, cS_rc, m0_wg, n0);
+      return rescale;
+    };
+
+    // The partial key block's V box runs past the sequence's keys into memory TMA does not zero-fill (rows past
+    // seqused_k, the next varlen sequence). P is 0 there, but 0 * Inf = NaN, so those rows are zeroed before any
+    // P.V reads the stage, as the sm80 kernel's predicated loads do. Every consumer warpgroup of the CTA runs the
+    // same range, so the barrier over all of them is reached by each; it sits after the first block's Q.K^T and
+    // before any ping-pong wait that could need another warpgroup to pass it first.
+    const bool zero_v_tail = (varlen || p.seqused_k != nullptr) && range.hi > range.lo &&
+                             range.hi * kBlockN > tile.seq.len_k;
+    auto zero_v_tail_rows = [&] {
+      constexpr int kChunk = Traits::kVecElems;  // 16-byte chunks stay contiguous under the swizzle
+      constexpr int kChunksPerRow = Traits::kVecsPerRow;
+      const int first = tile.seq.len_k - (range.hi - 1) * kBlockN;
+      pipe_v.consumer_wait(v_read);  // waited for again before the P.V; the phase stays complete until released
+      Tensor sVs = sV(_, _, v_read.index());
+      for (int i = int(threadIdx.x) - kWgThreads; i < (kBlockN - first) * kChunksPerRow; i += kConsumerThreads)
+        *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&sVs(first + i / kChunksPerRow, i % kChunksPerRow * kChunk))) =
+            cute::uint128_t{};
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, Barrier::kVTail);
+    };
+
+    if (range.hi <= range.lo) return;
+    float correction[kRowsPerThread];
+    Tensor rP = make_tensor<Element>(partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{}).layout());
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
+    auto to_probs = [&](const auto& tSrS) {
+      Tensor converted = convert_fragment<Element>(tSrS);
+      CUTE_UNROLL
+      for (int i = 0; i < size(rP); ++i) rP(i) = converted(i);
+    };
+
+    if constexpr (Mech::kIntraWgOverlap) {
+      int n = range.hi - 1;
+      {
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
+        pipe_k.consumer_wait(k_read);
+        pingpong.wait();
+        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+        pingpong.signal();
+        warpgroup_wait<0>();
+        pipe_k.consumer_release(k_read);
+        ++k_read;
+        softmax_step(tSrS, n, cute::true_type{}, correction);
+        to_probs(tSrS);
+        if (zero_v_tail) zero_v_tail_rows();
+      }
+      for (--n; n >= range.lo; --n) {
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
+        pipe_k.consumer_wait(k_read);
+        pingpong.wait();
+        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+        pipe_v.consumer_wait(v_read);
+        wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+        pingpong.signal();
+        warpgroup_wait<1>();  // S(n) is ready; P(n+1).V(n+1) may still run
+        pipe_k.consumer_release(k_read);
+        ++k_read;
+        const bool rescale = softmax_step(tSrS, n, cute::false_type{}, correction);
+        warpgroup_wait<0>();
+        pipe_v.consumer_release(v_read);
+        ++v_read;
+        if (rescale) softmax.rescale(o_rc, correction);
+        to_probs(tSrS);
+      }
+      pipe_v.consumer_wait(v_read);
+      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+      warpgroup_wait<0>();
+      pipe_v.consumer_release(v_read);
+      ++v_read;
+    } else {
+      for (int n = range.hi - 1; n >= range.lo; --n) {
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
+        pipe_k.consumer_wait(k_read);
+        pingpong.wait();
+        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+        pingpong.signal();
+        warpgroup_wait<0>();
+        pipe_k.consumer_release(k_read);
+        ++k_read;
+        const bool rescale = n == range.hi - 1 ? softmax_step(tSrS, n, cute::true_type{}, correction)
+                                               : softmax_step(tSrS, n, cute::false_type{}, correction);
+        if (rescale) softmax.rescale(o_rc, correction);
+        to_probs(tSrS);
+        if (zero_v_tail && n == range.hi - 1) zero_v_tail_rows();
+        pipe_v.consumer_wait(v_read);
+        wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+        warpgroup_wait<0>();
+        pipe_v.consumer_release(v_read);
+        ++v_read;
+      }
+    }
+  }
+};
+
+}  // namespace flashattn::cuda::sm90

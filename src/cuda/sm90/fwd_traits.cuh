@@ -1,0 +1,204 @@
+// Types every part of the sm90 forward shares: the traits of one compiled kernel (tiles, shared-memory layouts,
+// MMAs, TMA types), the kernel's parameters, the named barriers between the roles, and small wgmma helpers.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/common/fwd_policies.cuh"
+#include "cuda/sm90/mechanisms.hpp"
+#include "cuda/sm90/tiles.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+using namespace cute;
+
+// ------------------------------------------------------------------------------------------- traits
+// K-major shared-memory atom with the widest swizzle the head dim allows (128-byte rows of 64 elements when the
+// head dim is a multiple of 64): the layout wgmma reads without bank conflicts and TMA writes in one box row.
+template <class Element, int kHeadDim>
+constexpr auto smem_atom_k_major() {
+  if constexpr (kHeadDim % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
+  else if constexpr (kHeadDim % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
+  else return GMMA::Layout_K_SW32_Atom<Element>{};
+}
+
+template <class Element_, int kHeadDim_, bool kWindowed_, class Mech_ = Mechanisms<>>
+struct FwdTraits {
+  using Element = Element_;
+  using Mech = Mech_;
+  static constexpr bool kWindowed = kWindowed_;  // causal/window problems (tile choice; the mask is run time)
+  static constexpr FwdTiles kTiles = fwd_tiles(kHeadDim_, kWindowed_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWgRows = kWarpgroupRows;
+  static constexpr int kConsumerWGs = kTiles.consumer_warpgroups;
+  static constexpr int kBlockM = kTiles.block_q();
+  static constexpr int kBlockN = Mech::kBlockN > 0 ? Mech::kBlockN : kTiles.block_k;
+  static constexpr int kStages = Mech::kStages > 0 ? Mech::kStages : kTiles.stages;
+  static constexpr int kWgThreads = cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kConsumerThreads = kConsumerWGs * kWgThreads;
+  static constexpr int kThreads = kConsumerThreads + kWgThreads;  // + the producer warpgroup
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K steps are 16 elements");
+
+  // Register split (setmaxnreg): the producer keeps the minimum (24); the consumers share the rest of the
+  // 64K-register file, rounded down to the multiple of 8 setmaxnreg takes and capped at 240.
+  static constexpr int kRegisterFile = 64 * 1024;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegsRaw = (kRegisterFile / kWgThreads - kProducerRegs) / kConsumerWGs / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
+
+  // MMAs of one consumer warpgroup: S (64 x kBlockN) = Q (64 x d) K^T, both from shared memory; O (64 x d) +=
+  // P (64 x kBlockN, registers) V, V read as the MN-major B operand straight from its (keys, d) tile.
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kBlockN>, Int<kHeadDim>>>()));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>()));
+
+  using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+  // Q and O: (64 rows, d, warpgroup): each warpgroup's rows are one contiguous region, so a warpgroup may
+  // overwrite its own Q rows with its O while the others still read theirs.
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kWgRows>, Int<kHeadDim>, Int<kConsumerWGs>>{}));
+  using SmemLayoutO = SmemLayoutQ;
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // V as the (d, keys) B operand of P.V: the same bytes, keys the contiguous (MN-major) mode.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  static constexpr int kTileBytesQ = kWgRows * kHeadDim * int(sizeof(Element));  // one warpgroup's rows
+  static constexpr int kTileBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kMaxSmemBytes = 227 * 1024;  // sm90 opt-in limit per CTA
+  static constexpr int kMainSmemBytes =
+      int(sizeof(Element)) * int(cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>);
+  static constexpr int kBarrierSlack = 1024;  // pipelines' mbarriers + alignment
+  // O gets its own tile when it fits: the next tile's Q load then overlaps this tile's epilogue. Otherwise
+  // (d256, and d128 with 176-key blocks) each warpgroup stages O in its own Q rows.
+  static constexpr bool kSeparateO = kMainSmemBytes + kConsumerWGs * kTileBytesQ + kBarrierSlack <= kMaxSmemBytes;
+  static constexpr int kSmemO = kSeparateO ? int(cosize_v<SmemLayoutO>) : 1;
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, kSmemO, 1024> o;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+    cutlass::arch::ClusterTransactionBarrier barrier_q;
+    int tile_idx;  // the tile whose Q load barrier_q announces (count(): no more tiles)
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= kMaxSmemBytes, "tile table entry does not fit shared memory");
+
+  // Global tensors as TMA sees them: (rows, d, heads, batch); varlen: (total rows, d, heads, 1).
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, take<0, 2>(SmemLayoutQ{}),
+                                      Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, take<0, 2>(SmemLayoutK{}),
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, take<0, 2>(SmemLayoutO{}),
+                                      Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{}));
+
+  // Epilogue for varlen: 128-bit vectors from shared memory to global, 128 threads of one warpgroup.
+  static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
+  // Threads per row: the largest power of two dividing the row's vectors, so that the thread grid covers all
+  // 128 threads and tiles the (64, d) tile exactly (d96: 12 vectors per row, 4 threads, 3 vectors each; one
+  // thread per vector would leave 8 threads outside the grid, addressing past the tile).
+  static constexpr int kVecsPerRow = kHeadDim / kVecElems;
+  static constexpr int kThreadsPerRow = kVecsPerRow & -kVecsPerRow;
+  static_assert(kWgThreads % kThreadsPerRow == 0 && kWgRows % (kWgThreads / kThreadsPerRow) == 0);
+  using GmemStoreO = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
+      Layout<Shape<Int<kWgThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, Int<kVecElems>>>{}));
+};
+
+template <class Traits>
+struct KernelParams {
+  FwdParams p;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+  typename Traits::TmaO tma_o;
+  typename Traits::GmemShape shape_q, shape_k, shape_v, shape_o;
+  int num_m_blocks = 0;
+  int section_heads = 1;        // TileScheduler
+  int* tile_counter = nullptr;  // dynamic scheduling (zeroed before the launch); null: static
+};
+
+// ------------------------------------------------------------------------------------------- helpers
+// Named barriers (ids above CUTLASS's reserved ones).
+enum Barrier : int {
+  kQFree = 0,          // consumers -> producer: the previous tile's Q (and, aliased, O) space may be reloaded
+  kSchedulerBase = 1,  // one per consumer warpgroup: its turn to issue GEMMs (ping-pong)
+  kEpilogueBase = 4,   // one per consumer warpgroup: its O tile is complete in shared memory
+  kVTail = 7,          // all consumers: the zeroed V rows past the keys of the partial block are in place
+  kBarrierCount
+};
+// CUTLASS offsets these ids by the barriers it reserves; the hardware has 16.
+static_assert(kBarrierCount + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16, "named barrier ids");
+
+// wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent
+// columns, mode 1 the row 8 below, mode 2 the 8-column groups.
+template <class L>
+__device__ constexpr auto rows_cols(L l) {
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+}
+
+// The accumulator of S reused as the register A operand of P.V: the m64nNk16 accumulator of columns
+// [16j, 16j + 16) is exactly the A fragment of k-slice j, so ((2, 2, N/8), M, 1) -> ((2, 2, 2), M, N/16).
+template <class L>
+__device__ constexpr auto acc_as_a_operand(L l) {
+  static_assert(decltype(size<2>(l))::value == 1);
+  auto groups = logical_divide(layout<0, 2>(l), Layout<_2>{});  // (2, N/16)
+  return make_layout(make_layout(layout<0, 0>(l), layout<0, 1>(l), layout<0>(groups)), layout<1>(l),
+                     layout<1>(groups));
+}
+
+// The tile index travels from the producer to the consumers through shared memory, ordered by barrier_q (the
+// producer writes before its arrive, the consumers read after their wait). CUTLASS's mbarrier asm carries no
+// memory clobber, so compiler barriers keep the store and the load on their side of it.
+__device__ __forceinline__ void publish_tile(int& slot, int idx) {
+  *reinterpret_cast<volatile int*>(&slot) = idx;
+  asm volatile("" ::: "memory");
+}
+__device__ __forceinline__ int published_tile(const int& slot) {
+  asm volatile("" ::: "memory");
+  return *reinterpret_cast<const volatile int*>(&slot);
+}
+
+// acc (+)= A.B over the K mode as a batch of wgmmas of one warpgroup, committed as one group: the caller waits
+// for it with warpgroup_wait<N>() (N = groups it lets run on).
+template <bool kZeroInit, class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_gemm(Mma& mma, const TA& a, const TB& b, TC& c) {
+  // A from shared memory is a tensor of wgmma descriptors; from registers, the values themselves.
+  constexpr bool kARegs = !std::is_same_v<std::decay_t<decltype(a.data())>, GMMA::DescriptorIterator>;
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+}  // namespace flashattn::cuda::sm90

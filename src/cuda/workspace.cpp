@@ -1,0 +1,68 @@
+#include "cuda/workspace.hpp"
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "cuda/device.hpp"
+
+namespace flashattn::cuda {
+namespace {
+
+struct Cached {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+constexpr size_t kMinBytes = 256;  // room for the tile counters of several launches' worth of plans
+
+std::mutex g_mutex;
+std::map<std::pair<int, cudaStream_t>, Cached>& cache() {
+  static auto* c = new std::map<std::pair<int, cudaStream_t>, Cached>();  // never destroyed: the driver may
+  return *c;                                                               // be gone at exit
+}
+
+}  // namespace
+
+Workspace::~Workspace() { release(); }
+
+detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes) {
+  data_ = nullptr;
+  stream_ = stream;
+  transient_ = false;
+  if (bytes == 0) return detail::ok();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess)
+    return runtime_error("cudaStreamIsCapturing", e);
+  if (capture != cudaStreamCaptureStatusNone) {
+    if (cudaError_t e = cudaMallocAsync(&data_, bytes, stream); e != cudaSuccess)
+      return runtime_error("workspace of " + std::to_string(bytes) + " bytes (cudaMallocAsync in graph capture)", e);
+    transient_ = true;
+    return detail::ok();
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Cached& c = cache()[{device, stream}];
+  if (c.bytes < bytes) {
+    if (c.data != nullptr) {
+      if (cudaError_t e = cudaFreeAsync(c.data, stream); e != cudaSuccess) return runtime_error("cudaFreeAsync", e);
+      c = Cached{};
+    }
+    const size_t want = bytes < kMinBytes ? kMinBytes : bytes;
+    if (cudaError_t e = cudaMallocAsync(&c.data, want, stream); e != cudaSuccess)
+      return runtime_error("workspace of " + std::to_string(want) + " bytes (cudaMallocAsync)", e);
+    c.bytes = want;
+  }
+  data_ = c.data;
+  return detail::ok();
+}
+
+detail::Error Workspace::release() {
+  if (!transient_ || data_ == nullptr) return detail::ok();
+  void* p = data_;
+  data_ = nullptr;
+  transient_ = false;
+  if (cudaError_t e = cudaFreeAsync(p, stream_); e != cudaSuccess) return runtime_error("cudaFreeAsync", e);
+  return detail::ok();
+}
+
+}  // namespace flashattn::cuda
