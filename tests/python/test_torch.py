@@ -270,10 +270,31 @@ def test_unsupported_arguments_raise():
     cu = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(NotImplementedError, match="block_table"):
         flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 4, 4, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    big = make((1, 4, 1, 264), torch.float32, "cpu", 15)
     with pytest.raises(ValueError, match="head_dim"):
-        flash_attn_func(q[..., :12], q[..., :12], q[..., :12])
+        flash_attn_func(big, big, big)
     with pytest.raises(ValueError, match="causal_alignment"):
         flash_attn_func(q, q, q, causal=True, causal_alignment="diagonal")
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
+def test_head_dim_not_multiple_of_8(device, dtype):
+    """flash_attn pads such head dims; so do we: the result and the gradients equal those of explicitly zero-padded
+    inputs with the real head dim's scale, sliced back."""
+    b, s, h, d, dv = 2, 23, 2, 12, 20
+    q, k, v = (make((b, s, h, x), dtype, device, seed, True) for x, seed in ((d, 21), (d, 22), (dv, 23)))
+    out = flash_attn_func(q, k, v, causal=True)
+    assert out.shape == (b, s, h, dv)
+    pad = torch.nn.functional.pad
+    qp, kp, vp = (pad(x.detach(), (0, -x.shape[-1] % 8)).requires_grad_() for x in (q, k, v))
+    out_p = flash_attn_func(qp, kp, vp, causal=True, softmax_scale=d ** -0.5)[..., :dv]
+    assert torch.equal(out, out_p)
+    if can_backward(device):
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), g)
+        grads_p = torch.autograd.grad(out_p, (qp, kp, vp), g)
+        for a, c in zip(grads, grads_p):
+            assert torch.equal(a, c[..., :a.shape[-1]])
 
 
 def opcheck_args(device, dtype, requires_grad):

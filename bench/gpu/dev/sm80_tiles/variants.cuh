@@ -31,19 +31,31 @@ struct BT {
   static constexpr sm80::BwdTiles value{kM, kN, kW, kSdp, kDkv, kDq, kDo};
 };
 
+// The kernel variant the library's planner would pick for these parameters (plan.cpp variant_of).
+template <class Plan, int kD>
+Plan dev_plan(const fa::FwdParams& p) {
+  Plan plan;
+  plan.variant.score_mods = p.softcap > 0.f || p.alibi != nullptr;
+  plan.variant.padded_head_dim = plan.variant.score_mods || p.head_dim != kD || p.head_dim_v != kD;
+  return plan;
+}
+
 template <int kD, class Tiles, bool kCausal>
 cudaError_t fwd_launch(const fa::FwdParams& p, cudaStream_t s) {
   using Tr = sm80::FwdTraits<cutlass::bfloat16_t, kD, kCausal, Tiles>;
-  if constexpr (kCausal) return sm80::launch_variant<Tr, fa::WindowMask>(p, s);
-  else return sm80::launch_variant<Tr, fa::KeyLengthMask>(p, s);
+  const fa::FwdPlan plan = dev_plan<fa::FwdPlan, kD>(p);
+  if constexpr (kCausal) return sm80::launch_variant<Tr, fa::WindowMask>(p, plan, s);
+  else return sm80::launch_variant<Tr, fa::KeyLengthMask>(p, plan, s);
 }
 
 template <int kD, class Tiles, bool kCausal>
 cudaError_t bwd_launch(const sm80::BwdParams& p, cudaStream_t s) {
   using Tr = sm80::bwd::BwdTraits<cutlass::bfloat16_t, kD, Tiles>;
   if (cudaError_t e = sm80::bwd::launch_preprocess<FA_BFLOAT16>(p, s); e != cudaSuccess) return e;
-  if constexpr (kCausal) return sm80::bwd::launch_main_and_dq<Tr, fa::WindowMask>(p, s);
-  else return sm80::bwd::launch_main_and_dq<Tr, fa::KeyLengthMask>(p, s);
+  fa::BwdPlan plan = dev_plan<fa::BwdPlan, kD>(p);
+  plan.deterministic = p.deterministic;
+  if constexpr (kCausal) return sm80::bwd::launch_main_and_dq<Tr, fa::WindowMask>(p, plan, s);
+  else return sm80::bwd::launch_main_and_dq<Tr, fa::KeyLengthMask>(p, plan, s);
 }
 
 #define FWD(name, d, c, M, N, W) v.push_back({name, 0, d, c, M, &fwd_launch<d, FT<M, N, W>, bool(c)>, nullptr})
