@@ -194,11 +194,13 @@ def _kernel_layout(t: Tensor) -> Tensor:
     if t.stride(-1) != 1:
         return t.contiguous()
     if t.device.type == "cuda" and t.numel() > 0:
-        # The storage offset, not data_ptr(): torch.compile traces it, and torch's CUDA allocations start
-        # 512-byte aligned (a foreign unaligned base gets the C ABI's named error).
+        # Strides are known while torch.compile traces; the data pointer is not (dynamo traces neither
+        # data_ptr() nor storage_offset()), so a compiled call with an offset view gets the C ABI's named error
+        # instead of a copy. Eager calls check the pointer too.
         elems = max(1, _CUDA_VECTOR_BYTES // t.element_size())
-        aligned = t.storage_offset() % elems == 0 and all(
-            stride % elems == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1]) if size > 1)
+        aligned = all(stride % elems == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1]) if size > 1)
+        if aligned and not torch.compiler.is_compiling():
+            aligned = t.data_ptr() % _CUDA_VECTOR_BYTES == 0
         if not aligned:
             return t.clone(memory_format=torch.contiguous_format)  # a fresh allocation is 512-byte aligned
     return t
