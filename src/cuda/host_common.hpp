@@ -14,6 +14,7 @@
 namespace flashattn::cuda {
 
 FwdParams make_fwd_params(const detail::Problem& p);
+const char* dtype_name(fa_dtype t);  // the 16-bit storage types the CUDA kernels take, for messages
 
 // A tensor the kernel will read must be device memory of the device it runs on (a host pointer labelled
 // CUDA would otherwise fault the context). Null pointers (absent optional tensors) pass.

@@ -36,7 +36,6 @@ detail::Error device_info(int device, DeviceInfo* info) {
 
 namespace {
 
-const char* dtype_name(fa_dtype t) { return t == FA_FLOAT16 ? "float16" : t == FA_BFLOAT16 ? "bfloat16" : "float32"; }
 bool needs_score_mods(const detail::Problem& p) { return p.softcap > 0.f || p.alibi != nullptr; }
 int64_t max_head_dim(const detail::Problem& p) { return std::max(p.head_dim, p.head_dim_v); }
 
@@ -46,6 +45,17 @@ Variant variant_of(const detail::Problem& p, int compiled_head_dim) {
   // The score-mods kernel serves every head dim (sm80/kernel_variant.hpp); the plain one only the compiled one.
   v.padded_head_dim = v.score_mods || p.head_dim != compiled_head_dim || p.head_dim_v != compiled_head_dim;
   return v;
+}
+
+// What every forward plan of an instance says, whichever family runs it.
+FwdPlan instance_plan(Family family, const detail::Problem& p, Instance instance) {
+  FwdPlan f;
+  f.family = family;
+  f.instance = instance.index;
+  f.head_dim = instance.head_dim;
+  f.variant = variant_of(p, instance.head_dim);
+  f.windowed = p.has_window();
+  return f;
 }
 
 constexpr int kMaxGridYZ = 65535;  // CUDA grid limit of the sm80 launch's heads (y) and batch (z) dimensions
@@ -85,12 +95,7 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
 detail::Error plan_sm90(const detail::Problem& p, Instance instance, FwdPlan* plan) {
   DeviceInfo dev;
   if (detail::Error e = device_info(p.device_index, &dev); !e.ok()) return e;
-  FwdPlan& f = *plan;
-  f.family = Family::kSm90;
-  f.instance = instance.index;
-  f.head_dim = instance.head_dim;
-  f.variant = variant_of(p, instance.head_dim);
-  f.windowed = p.has_window();
+  FwdPlan& f = *plan = instance_plan(Family::kSm90, p, instance);
   // GQA with query sequences shorter than a tile packs the group's query heads into the tile's rows: the tile
   // is full and each K/V block is read once per group instead of once per query head. Not with ALiBi (a slope
   // per head inside one tile). Packed tiles take the causal/window tiles.
@@ -102,9 +107,9 @@ detail::Error plan_sm90(const detail::Problem& p, Instance instance, FwdPlan* pl
   f.warps = t.consumer_warpgroups;
   f.stages = t.stages;
   const int64_t tile_rows = p.seqlen_q * (f.pack_gqa ? p.group() : 1);  // packed: (position, head) rows
-  const int64_t m_blocks = (tile_rows + f.block_q - 1) / f.block_q;
+  f.m_blocks = (tile_rows + f.block_q - 1) / f.block_q;
   const int64_t tile_heads = f.pack_gqa ? p.heads_kv : p.heads_q;
-  f.tiles = m_blocks * tile_heads * p.batch;
+  f.tiles = f.m_blocks * tile_heads * p.batch;
   // Under causal/window tile lengths differ: a global counter hands out tiles longest first. Without a window
   // every tile costs the same and the static round-robin needs no counter (sm90/fwd_kernel.cuh TileScheduler).
   f.schedule = f.windowed ? Schedule::kPersistentDynamic : Schedule::kPersistentStatic;
@@ -135,12 +140,7 @@ detail::Error plan_sm80(const detail::Problem& p, FwdPlan* plan) {
                                std::to_string(p.head_dim_v) + " in this build (built: " + sm80::built_list() +
                                "; FLASHATTN_KERNELS=default or all builds more)");
   if (detail::Error e = grid_fits_sm80(p); !e.ok()) return e;
-  FwdPlan& f = *plan;
-  f.family = Family::kSm80;
-  f.instance = instance.index;
-  f.head_dim = instance.head_dim;
-  f.variant = variant_of(p, instance.head_dim);
-  f.windowed = p.has_window();
+  FwdPlan& f = *plan = instance_plan(Family::kSm80, p, instance);
   f.compact = sm80::fwd_compact(instance.head_dim, f.windowed, p.seqlen_k);
   const sm80::FwdTiles t = sm80::fwd_tiles(instance.head_dim, f.compact);
   f.block_q = t.block_q;
@@ -148,7 +148,8 @@ detail::Error plan_sm80(const detail::Problem& p, FwdPlan* plan) {
   f.warps = t.warps;
   f.stages = 0;
   f.schedule = Schedule::kPerTile;
-  f.tiles = (p.seqlen_q + t.block_q - 1) / t.block_q * p.heads_q * p.batch;
+  f.m_blocks = (p.seqlen_q + t.block_q - 1) / t.block_q;
+  f.tiles = f.m_blocks * p.heads_q * p.batch;
   f.grid = int(std::min<int64_t>(f.tiles, int64_t(1) << 30));
   f.num_splits = 1;
   f.workspace_bytes = 0;

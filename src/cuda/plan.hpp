@@ -38,6 +38,7 @@ struct FwdPlan {
   int warps = 0;   // sm80: warps per CTA; sm90: consumer warpgroups
   int stages = 0;  // sm90: K/V pipeline depth
   Schedule schedule = Schedule::kPerTile;
+  int64_t m_blocks = 0;  // query blocks per (batch, head); packed: of (position, head) rows per KV head
   int64_t tiles = 0;     // (query block, head, batch) tiles; packed: heads are KV heads
   int grid = 0;          // CTAs launched (persistent: min(tiles, SMs))
   int section_heads = 1; // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2

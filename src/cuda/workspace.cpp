@@ -14,7 +14,7 @@ struct Cached {
   void* data = nullptr;
   size_t bytes = 0;
 };
-constexpr size_t kMinBytes = 256;  // room for the tile counters of several launches' worth of plans
+constexpr size_t kMinBytes = 256;  // the smallest buffer kept: a tile counter needs 4 bytes, split-KV more
 
 std::mutex g_mutex;
 std::map<std::pair<int, cudaStream_t>, Cached>& cache() {

@@ -1,15 +1,11 @@
 // The sm80 (FlashAttention-2 design) family's host side: its kernel tables and the launches of a plan.
-#include <algorithm>
-#include <cmath>
 #include <string>
-#include <utility>
 
 #include "core/backend.hpp"
 #include "cuda/device.hpp"
 #include "cuda/host_common.hpp"
 #include "cuda/sm80/bwd_params.hpp"
 #include "cuda/sm80/fwd_params.hpp"
-#include "cuda/sm80/tiles.hpp"
 
 namespace flashattn::cuda::sm80 {
 
@@ -60,8 +56,6 @@ Instance find(const Kernel (&table)[kCount], fa_dtype dtype, int64_t need) {
       best = {int(i), table[i].head_dim};
   return best;
 }
-
-const char* dtype_name(fa_dtype t) { return t == FA_FLOAT16 ? "float16" : t == FA_BFLOAT16 ? "bfloat16" : "float32"; }
 
 BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan) {
   BwdParams k;

@@ -1,7 +1,6 @@
 // The sm90 (FlashAttention-3 design) family's host side: its forward kernel table and the launch of a plan. The
 // backward runs the sm80 kernels (plan.cpp) until the Hopper backward exists. Which problems this family takes
 // and the fallback to sm80 are decided by the planner, not here.
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -10,7 +9,6 @@
 #include "cuda/device.hpp"
 #include "cuda/host_common.hpp"
 #include "cuda/sm90/fwd_params.hpp"
-#include "cuda/sm90/tiles.hpp"
 
 namespace flashattn::cuda::sm90 {
 

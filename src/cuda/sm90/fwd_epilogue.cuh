@@ -20,8 +20,8 @@ struct FwdEpilogue {
   static constexpr int kWgThreads = Traits::kWgThreads;
   // O from registers to global memory where it would otherwise be staged in Q's space (no room for a tile of its
   // own): the next tile's Q then loads while this tile's last P.V and epilogue run, as with a separate O tile.
-  // Measured on the H200 (bench/results/2026-11-30_h200_session3/README.md): +3% for 176-key d128 at 1k and
-  // 16k, even elsewhere; d256 lost 3-7% at 1k-4k (64 column-pair stores per thread against 16 stmatrix and one
+  // Measured on the H200 (src/cuda/NOTES.md, the sm90 ablation table of session 3): +3% for 176-key d128 at 1k
+  // and 16k, even elsewhere; d256 lost 3-7% at 1k-4k (64 column-pair stores per thread against 16 stmatrix and one
   // TMA store), so it keeps the staged path. Packed tiles keep it too (their rows are (position, head) pairs).
   static constexpr bool kDirectO = !Traits::kSeparateO && Mech::kDirectEpilogue && !kPackGQA && kHeadDim <= 128;
   // Whether O is staged in Q's space: the Q space is then released only after the stores have read it.

@@ -61,8 +61,7 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
   kp.shape_k = mK.shape();
   kp.shape_v = mV.shape();
   kp.shape_o = mO.shape();
-  const int tile_heads = kPackGQA ? heads_kv : p.heads_q;
-  kp.num_m_blocks = int(plan.tiles / (int64_t(tile_heads) * p.batch));
+  kp.num_m_blocks = int(plan.m_blocks);
   kp.section_heads = plan.section_heads;
 
   auto kernel = &fwd_kernel<Traits, kScoreMods, kPackGQA>;

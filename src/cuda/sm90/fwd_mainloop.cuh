@@ -162,17 +162,30 @@ struct FwdMainloop {
       for (int i = 0; i < size(rP); ++i) rP(i) = converted(i);
     };
 
+    // S = Q.K^T of the next K stage, waited for (no P.V in flight beside it).
+    auto qk_alone = [&](auto& tSrS) {
+      pipe_k.consumer_wait(k_read);
+      pingpong.wait();
+      wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+      pingpong.signal();
+      warpgroup_wait<0>();
+      pipe_k.consumer_release(k_read);
+      ++k_read;
+    };
+    // O += P.V of the next V stage, waited for.
+    auto pv_alone = [&] {
+      pipe_v.consumer_wait(v_read);
+      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+      warpgroup_wait<0>();
+      pipe_v.consumer_release(v_read);
+      ++v_read;
+    };
+
     if constexpr (Mech::kIntraWgOverlap) {
       int n = range.hi - 1;
       {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
-        pipe_k.consumer_wait(k_read);
-        pingpong.wait();
-        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
-        pingpong.signal();
-        warpgroup_wait<0>();
-        pipe_k.consumer_release(k_read);
-        ++k_read;
+        qk_alone(tSrS);
         softmax_step(tSrS, n, cute::true_type{}, correction);
         to_probs(tSrS);
         if (zero_v_tail) zero_v_tail_rows();
@@ -195,31 +208,17 @@ struct FwdMainloop {
         if (rescale) softmax.rescale(o_rc, correction);
         to_probs(tSrS);
       }
-      pipe_v.consumer_wait(v_read);
-      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
-      warpgroup_wait<0>();
-      pipe_v.consumer_release(v_read);
-      ++v_read;
+      pv_alone();
     } else {
       for (int n = range.hi - 1; n >= range.lo; --n) {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
-        pipe_k.consumer_wait(k_read);
-        pingpong.wait();
-        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
-        pingpong.signal();
-        warpgroup_wait<0>();
-        pipe_k.consumer_release(k_read);
-        ++k_read;
+        qk_alone(tSrS);
         const bool rescale = n == range.hi - 1 ? softmax_step(tSrS, n, cute::true_type{}, correction)
                                                : softmax_step(tSrS, n, cute::false_type{}, correction);
         if (rescale) softmax.rescale(o_rc, correction);
         to_probs(tSrS);
         if (zero_v_tail && n == range.hi - 1) zero_v_tail_rows();
-        pipe_v.consumer_wait(v_read);
-        wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
-        warpgroup_wait<0>();
-        pipe_v.consumer_release(v_read);
-        ++v_read;
+        pv_alone();
       }
     }
   }
