@@ -60,9 +60,10 @@ class Bench:
     def time(self, fn) -> float:
         return do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median")
 
-    def measure(self, kind: str, backend: str, fn, flops: float, base: dict, note_of=None):
+    def measure(self, kind: str, backend: str, fn, flops: float, base: dict, note_of=None, digits: int = 1):
         """Times fn and writes its row; returns one call's result (None, with an NA row, if fn raises).
-        note_of(result) adds a note (e.g. the agreement with FA2's output)."""
+        note_of(result) adds a note (e.g. the agreement with FA2's output). flops: FLOPs (TFLOP/s column) or
+        bytes (decode rows: TB/s)."""
         try:
             result = fn()
             note = note_of(result) if note_of else ""
@@ -70,7 +71,7 @@ class Bench:
         except Exception as e:
             self.row(kind=kind, backend=backend, ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
             return None
-        self.row(kind=kind, backend=backend, ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", note=note, **base)
+        self.row(kind=kind, backend=backend, ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.{digits}f}", note=note, **base)
         return result
 
     def row(self, **kw):
@@ -338,6 +339,54 @@ def memory_rows(b: Bench, ours):
             torch.cuda.empty_cache()
 
 
+DECODE_SHAPES = ((1, 65536), (8, 16384), (32, 8192), (128, 4096), (64, 32768))  # (batch, cached keys)
+DECODE_PAGES = (16, 256)
+
+
+def decode_rows(b: Bench, ours, quick: bool):
+    """One query token against a full KV cache, GQA 32/8, d128, bf16 (the decode protocol of
+    ../shared/anchors/sdpa_bench.py, TB/s of K+V read): cuDNN (SDPA, (B, H, S, D) cache) and ours through
+    flash_attn_with_kvcache with a contiguous cache ('decode'; 'ours_nosplit' with num_splits=1) and paged caches
+    of 16 and 256 keys per page ('decode_paged16', ...; pages in a random order). Ours is checked against cuDNN's
+    output."""
+    hq, hkv, d = 32, 8, 128
+    for batch, seqk in DECODE_SHAPES[:2] if quick else DECODE_SHAPES:
+        base = dict(dtype="bf16", hdim=d, causal=0, seqlen=seqk, batch=batch, heads=f"{hq}/{hkv}")
+        nbytes = 2 * batch * seqk * hkv * d * 2
+        q = torch.randn(batch, 1, hq, d, device=DEV, dtype=torch.bfloat16)
+        kc = torch.randn(batch, seqk, hkv, d, device=DEV, dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        ref = b.measure("decode", "cudnn", cudnn, nbytes, base, digits=2)
+        del kt, vt
+        if ours.ok and hasattr(ours.module, "flash_attn_with_kvcache"):
+            kv = ours.module.flash_attn_with_kvcache
+            lens = torch.full((batch,), seqk, dtype=torch.int32, device=DEV)
+
+            def note_of(out):
+                return "" if ref is None else f"maxdiff_vs_cudnn={(out.transpose(1, 2) - ref).abs().max().item():.2e}"
+            b.measure("decode", "ours", lambda: kv(q, kc, vc, cache_seqlens=lens), nbytes, base, note_of, 2)
+            b.measure("decode", "ours_nosplit", lambda: kv(q, kc, vc, cache_seqlens=lens, num_splits=1), nbytes,
+                      base, note_of, 2)
+            for page in DECODE_PAGES:
+                pages = seqk // page
+                perm = torch.randperm(batch * pages, device=DEV)
+                table = perm.view(batch, pages).to(torch.int32)
+                kp = torch.empty(batch * pages, page, hkv, d, device=DEV, dtype=torch.bfloat16)
+                vp = torch.empty_like(kp)
+                kp[perm] = kc.view(batch * pages, page, hkv, d)
+                vp[perm] = vc.view(batch * pages, page, hkv, d)
+                b.measure(f"decode_paged{page}", "ours", lambda: kv(q, kp, vp, cache_seqlens=lens, block_table=table),
+                          nbytes, base, note_of, 2)
+                del kp, vp
+        del q, kc, vc
+        empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", required=True)
@@ -345,6 +394,7 @@ def main():
     ap.add_argument("--ablations", action="store_true",
                     help=f"also time the sm90 forward per {MECHANISMS_ENV} variant (an ablation build only)")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: stop adding shapes")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode rows (after the ceilings)")
     a = ap.parse_args()
     info = common.env_info()
     print("# " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
@@ -357,6 +407,9 @@ def main():
     b = Bench(a.csv, warmup_ms=25 if a.quick else 50, rep_ms=100 if a.quick else 200)
     t0 = time.time()
     ceilings(b)
+    decode_rows(b, ours, a.quick)
+    if a.decode_only:
+        return
     # The main table leaves the ablations their time, so that an ablation run always gets its table.
     main_deadline = a.deadline - (ablation_reserve_s(b) if a.ablations else 0)
     if attention_rows(b, ours, a.quick, main_deadline):

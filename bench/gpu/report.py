@@ -158,6 +158,7 @@ def markdown(out_dir, work, rows):
         L += ["", f"Geometric means ({kind}, over the shapes measured): " +
               "; ".join(f"{label} {m:.2f}" if m else f"{label} –" for label, m in means) + "."]
     L += ablation_table(rows)
+    L += decode_table(rows)
     mem = [r for r in rows if r["kind"] == "memory"]
     if mem:
         L += ["", "## Peak extra memory (MiB above the inputs; bf16, 1×16k×16 heads, d128, causal)", "",
@@ -177,6 +178,31 @@ def markdown(out_dir, work, rows):
     L += ["", "Logs: build.log, check.log, sanitizer.log, bench.log; raw numbers: results.csv; plots: plots.png.", ""]
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write("\n".join(L))
+
+
+def decode_table(rows):
+    """Markdown lines: decode TB/s (K+V read) of cuDNN and ours (contiguous and paged caches), ours / cuDNN."""
+    dec = [r for r in rows if r["kind"].startswith("decode")]
+    if not dec:
+        return []
+    shapes = sorted({(int(r["batch"]), int(r["seqlen"])) for r in dec}, key=lambda x: (x[1] * x[0], x[0]))
+    per = defaultdict(dict)
+    for r in dec:
+        per[(int(r["batch"]), int(r["seqlen"]))][(r["kind"], r["backend"])] = r
+    cols = [("decode", "cudnn", "cuDNN"), ("decode", "ours", "ours"), ("decode_paged16", "ours", "ours paged 16"),
+            ("decode_paged256", "ours", "ours paged 256"), ("decode", "ours_nosplit", "ours, no split-KV")]
+    L = ["", f"## Decode ({dec[0]['dtype']}, one query token, GQA {dec[0]['heads']}, d{dec[0]['hdim']}; TB/s of K+V)",
+         "", "| B × keys | " + " | ".join(c[2] for c in cols) + " | ours / cuDNN | paged 16 / ours | note |",
+         "|---" * (len(cols) + 4) + "|"]
+    for shape in shapes:
+        got = per[shape]
+        vals = [num(got[(k, b)]["tflops"]) if (k, b) in got else None for k, b, _ in cols]
+        ratio = f"{vals[1] / vals[0]:.2f}" if vals[0] and vals[1] else "–"
+        paged = f"{vals[2] / vals[1]:.2f}" if vals[1] and vals[2] else "–"
+        notes = "; ".join(sorted({r["note"] for r in got.values() if r["note"]}))[:120]
+        L.append(f"| {shape[0]} × {shape[1]} | " + " | ".join(f"{v:.2f}" if v else "n/a" for v in vals) +
+                 f" | {ratio} | {paged} | {notes} |")
+    return L
 
 
 def ablation_table(rows):

@@ -80,6 +80,10 @@ typedef struct fa_exec {
   int num_threads;    /* CPU worker threads; 0 = all hardware threads */
   void* stream;       /* cudaStream_t for CUDA tensors; NULL = default stream */
   int deterministic;  /* backward: bit-identical results run to run */
+  int num_splits;     /* forward, CUDA: key/value splits per (batch, head) for short query sequences (split-KV:
+                         partial results merged by a second kernel). 0 = the plan picks (splits only when the grid
+                         would not fill the GPU), 1 = none, n > 1 = at most n (capped at 128 and at the key
+                         blocks). A hint: backends without split-KV (CPU, cuda-sm80) compute the same answer unsplit */
 } fa_exec;
 
 typedef struct fa_fwd_params {

@@ -149,11 +149,12 @@ def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, s
 def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
             causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-            dropout_p=0.0, backend="auto", num_threads=0, stream=0):
+            dropout_p=0.0, num_splits=0, backend="auto", num_threads=0, stream=0):
     """Attention forward. Returns ``(out, lse)``, or ``out`` when ``return_lse`` is False.
 
     softmax_scale None means 1/sqrt(head_dim). max_seqlen_* default to the longest sequence of numpy
     cu_seqlens. num_threads: CPU worker threads (0 = all). stream: a cudaStream_t as an int for CUDA arrays.
+    num_splits: split-KV on cuda-sm90 (0 = the plan picks, 1 = none; a hint elsewhere).
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if out is None:
@@ -162,7 +163,7 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
         import numpy as np
 
         lse = _numpy_empty(q, _lse_shape(q, varlen), np.float32, "lse")
-    _C.forward(_export(q), _export(k), _export(v), _export(out), _export(lse),
+    _C.forward(_export(q), _export(k), _export(v), _export(out), _export(lse), num_splits=int(num_splits),
                **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                          causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
                          stream))

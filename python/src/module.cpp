@@ -130,26 +130,27 @@ fa_attention attention(const In& q, const In& k, const In& v, const OptIn& cu_se
   return a;
 }
 
-fa_exec execution(int backend, int num_threads, uintptr_t stream, bool deterministic) {
+fa_exec execution(int backend, int num_threads, uintptr_t stream, bool deterministic, int num_splits = 0) {
   fa_exec e = fa_exec_default();
   e.backend = fa_backend(backend);
   e.num_threads = num_threads;
   e.stream = reinterpret_cast<void*>(stream);
   e.deterministic = deterministic;
+  e.num_splits = num_splits;
   return e;
 }
 
 void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut& lse, const OptIn& cu_seqlens_q,
              const OptIn& cu_seqlens_k, const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
-             int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, int backend,
-             int num_threads, uintptr_t stream) {
+             int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, int num_splits,
+             int backend, int num_threads, uintptr_t stream) {
   fa_fwd_params p{};
   p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                      causal, causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p);
   p.out = view("out", out);
   p.lse = view("lse", lse);
-  const fa_exec e = execution(backend, num_threads, stream, false);
+  const fa_exec e = execution(backend, num_threads, stream, false, num_splits);
   fa_status status;
   {
     // The kernels use their own threads (CPU) or the stream (CUDA); other Python threads may run meanwhile.
@@ -220,8 +221,8 @@ NB_MODULE(_C, m) {
         nb::arg("softmax_scale").none() = nb::none(), nb::arg("causal") = false,
         nb::arg("causal_alignment") = int(FA_ALIGN_BOTTOM_RIGHT), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),
-        nb::arg("dropout_p") = 0.0, nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0,
-        nb::arg("stream") = 0,
+        nb::arg("dropout_p") = 0.0, nb::arg("num_splits") = 0, nb::arg("backend") = int(FA_BACKEND_AUTO),
+        nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "fa_forward: writes out (and lse when given). Layouts, semantics and errors as in flashattn.h.\n"
         "stream is a cudaStream_t as an integer (0 = default stream), ignored for CPU arrays.");
 

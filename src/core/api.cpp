@@ -59,6 +59,7 @@ Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse,
               const Backend** backend, Problem* problem) {
   if (Error e = pick_backend(a.q, exec, backend); !e.ok()) return e;
   if (exec.num_threads < 0) return invalid("exec.num_threads", "must be >= 0, 0 = all hardware threads");
+  if (exec.num_splits < 0) return invalid("exec.num_splits", "must be >= 0, 0 = the plan picks, 1 = no split-KV");
   std::vector<int32_t> cu_q, cu_k, used;
   const int32_t *hq = nullptr, *hk = nullptr, *hu = nullptr;
   // Each offset tensor is read where it lives when that is q's device; an absent one (data == NULL, device
@@ -69,7 +70,9 @@ Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse,
   };
   if (Error e = read(a.cu_seqlens_q, &cu_q, &hq); !e.ok()) return e;
   if (Error e = read(a.cu_seqlens_k, &cu_k, &hk); !e.ok()) return e;
-  if (Error e = read(a.seqused_k, &used, &hu); !e.ok()) return e;
+  // seqused_k is read for CPU calls only (validate.cpp: the CUDA kernels clamp its entries).
+  if (a.q.device == FA_DEVICE_CPU)
+    if (Error e = read(a.seqused_k, &used, &hu); !e.ok()) return e;
   return validate(a, out, lse, dout, dq, dk, dv, dir, (*backend)->requirements, hq, hk, hu, problem);
 }
 

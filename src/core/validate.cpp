@@ -227,13 +227,18 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     if (Error e = check_tensor("seqused_k", a.seqused_k, 1, a.q, true, plain); !e.ok()) return e;
     if (Error e = check_dtype("seqused_k", a.seqused_k, FA_INT32, "(keys used per sequence)"); !e.ok()) return e;
     if (Error e = check_shape("seqused_k", a.seqused_k, {p->batch}); !e.ok()) return e;
-    if (host_used_k == nullptr) return invalid("seqused_k", "values could not be read for validation");
-    p->host_used_k.assign(host_used_k, host_used_k + p->batch);
-    for (int64_t b = 0; b < p->batch; ++b) {
-      int64_t avail = varlen ? p->host_cu_k[b + 1] - p->host_cu_k[b] : p->seqlen_k;
-      if (p->host_used_k[b] < 0 || p->host_used_k[b] > avail)
-        return invalid("seqused_k", "entry " + std::to_string(b) + " must be in [0, " + std::to_string(avail) +
-                                        "] keys of that sequence (got " + std::to_string(p->host_used_k[b]) + ")");
+    // CUDA calls do not read the entries on the host (that would synchronise every decode step and forbid
+    // CUDA-graph capture): the kernels clamp each to [0, keys of its sequence]. CPU calls check them here.
+    if (host_used_k == nullptr && a.q.device == FA_DEVICE_CPU)
+      return invalid("seqused_k", "values could not be read for validation");
+    if (host_used_k != nullptr) {
+      p->host_used_k.assign(host_used_k, host_used_k + p->batch);
+      for (int64_t b = 0; b < p->batch; ++b) {
+        int64_t avail = varlen ? p->host_cu_k[b + 1] - p->host_cu_k[b] : p->seqlen_k;
+        if (p->host_used_k[b] < 0 || p->host_used_k[b] > avail)
+          return invalid("seqused_k", "entry " + std::to_string(b) + " must be in [0, " + std::to_string(avail) +
+                                          "] keys of that sequence (got " + std::to_string(p->host_used_k[b]) + ")");
+      }
     }
     p->seqused_k = static_cast<const int32_t*>(a.seqused_k.data);
   }

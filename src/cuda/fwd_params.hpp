@@ -48,6 +48,14 @@ struct FwdParams {
 
   const float* alibi = nullptr;  // slopes, (Hq) or (B, Hq)
   int64_t alibi_batch_stride = 0;
+
+  // Split-KV (sm90): each tile's key blocks divided into num_splits consecutive ranges, one CTA tile each; with
+  // num_splits > 1 the epilogue writes normalised fp32 O and LSE partials (SplitPartials) instead of out/lse, and
+  // a combine kernel merges them.
+  int num_splits = 1;
+  float* lse_partial = nullptr;  // [split][head][row]
+  float* o_partial = nullptr;    // [split][head][row][head_dim_v]
+  int64_t partial_rows = 0;      // rows of the partials: batch * seqlen_q (batched) or total_q (varlen)
 };
 
 }  // namespace flashattn::cuda

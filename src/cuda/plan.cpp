@@ -92,7 +92,28 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
   return "";
 }
 
-detail::Error plan_sm90(const detail::Problem& p, Instance instance, FwdPlan* plan) {
+// Split-KV: when the tiles would leave SMs idle (decode: B x KV heads tiles of one packed query block), each
+// tile's key blocks are divided among `splits` CTAs whose partial O and LSE a combine kernel merges. Every split
+// keeps at least kMinSplitBlocks key blocks, so that the partials' fp32 traffic stays small against the K/V a
+// split reads. `requested`: exec.num_splits (0: decide here; n: at most n).
+constexpr int kMaxSplits = 128;
+constexpr int64_t kMinSplitBlocks = 4;
+int kv_splits(const detail::Problem& p, const FwdPlan& f, int requested, int sms) {
+  if (requested == 1 || f.tiles == 0) return 1;
+  // Keys a tile can see: a sliding window bounds them below the key length.
+  int64_t keys = p.seqlen_k;
+  if (p.window_left >= 0)
+    keys = std::min(keys, p.window_left + p.seqlen_q + std::max<int64_t>(p.window_right, 0) + f.block_k);
+  const int64_t key_blocks = (keys + f.block_k - 1) / f.block_k;
+  int64_t splits = requested > 1 ? std::min<int64_t>(requested, key_blocks)
+                                 : std::min(int64_t(sms) / f.tiles, key_blocks / kMinSplitBlocks);
+  splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  // Tile indices (tiles x splits) are 32-bit in the kernel.
+  while (splits > 1 && f.tiles * splits > kMaxTmaCoord) --splits;
+  return int(splits);
+}
+
+detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance instance, FwdPlan* plan) {
   DeviceInfo dev;
   if (detail::Error e = device_info(p.device_index, &dev); !e.ok()) return e;
   FwdPlan& f = *plan = instance_plan(Family::kSm90, p, instance);
@@ -113,13 +134,17 @@ detail::Error plan_sm90(const detail::Problem& p, Instance instance, FwdPlan* pl
   // Under causal/window tile lengths differ: a global counter hands out tiles longest first. Without a window
   // every tile costs the same and the static round-robin needs no counter (sm90/fwd_kernel.cuh TileScheduler).
   f.schedule = f.windowed ? Schedule::kPersistentDynamic : Schedule::kPersistentStatic;
-  f.grid = int(std::min<int64_t>(f.tiles, dev.sms));  // one CTA per SM (the kernel takes most of shared memory)
+  f.num_splits = kv_splits(p, f, exec.num_splits, dev.sms);
+  f.grid = int(std::min<int64_t>(f.tiles * f.num_splits, dev.sms));  // one CTA per SM (most of shared memory)
   // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
   const int64_t elem = 2;
   const int64_t kv_bytes = std::max<int64_t>(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * elem;
   f.section_heads = int(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(tile_heads * p.batch, 1)));
-  f.num_splits = 1;
   f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
+  if (f.num_splits > 1) {
+    f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);
+    f.workspace_bytes = f.split.bytes;
+  }
   return detail::ok();
 }
 
@@ -164,7 +189,7 @@ detail::Error plan_forward(const detail::Problem& p, const fa_exec& exec, Family
 #ifdef FLASHATTN_WITH_SM90
     Instance instance;
     const std::string unfit = sm90_unfit(p, &instance);
-    if (unfit.empty()) return plan_sm90(p, instance, plan);
+    if (unfit.empty()) return plan_sm90(p, exec, instance, plan);
     if (exec.backend == FA_BACKEND_CUDA_SM90) return detail::unsupported(unfit);
 #else
     if (exec.backend == FA_BACKEND_CUDA_SM90)

@@ -26,6 +26,21 @@ struct Variant {
   bool padded_head_dim = false;  // head_dim or head_dim_v below the compiled head dim
 };
 
+// Where split-KV keeps its partial results in the plan's workspace (bytes from its start, after the dynamic
+// scheduler's tile counter): LSE [split][head][row] then O [split][head][row][head_dim_v], fp32.
+struct SplitWorkspace {
+  static constexpr int64_t kAlign = 256;
+  int64_t lse_offset = 0, o_offset = 0, bytes = 0;
+};
+inline SplitWorkspace split_workspace(int splits, int64_t heads, int64_t rows, int64_t head_dim_v) {
+  auto round_up = [](int64_t x) { return (x + SplitWorkspace::kAlign - 1) / SplitWorkspace::kAlign * SplitWorkspace::kAlign; };
+  SplitWorkspace w;
+  w.lse_offset = SplitWorkspace::kAlign;  // the tile counter's slot
+  w.o_offset = w.lse_offset + round_up(int64_t(splits) * heads * rows * 4);
+  w.bytes = w.o_offset + round_up(int64_t(splits) * heads * rows * head_dim_v * 4);
+  return w;
+}
+
 struct FwdPlan {
   Family family = Family::kSm80;
   int instance = -1;   // index into the family's forward kernel table
@@ -42,8 +57,9 @@ struct FwdPlan {
   int64_t tiles = 0;     // (query block, head, batch) tiles; packed: heads are KV heads
   int grid = 0;          // CTAs launched (persistent: min(tiles, SMs))
   int section_heads = 1; // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
-  int num_splits = 1;    // KV splits per (batch, head); split-KV is not built yet, always 1
-  int64_t workspace_bytes = 0;  // device workspace the launch needs (the dynamic scheduler's tile counter)
+  int num_splits = 1;    // sm90 split-KV: key-block ranges per tile, merged by the combine kernel (1: none)
+  SplitWorkspace split;  // num_splits > 1: where the partials live in the workspace
+  int64_t workspace_bytes = 0;  // device workspace the launch needs (tile counter, split-KV partials)
 };
 
 struct BwdPlan {

@@ -141,6 +141,7 @@ void run_case(const Case& c) {
                                  dused.ptr, dslopes.ptr);
   fa_exec exec = fa_exec_default();
   exec.backend = c.backend;
+  exec.num_splits = c.num_splits;
   const fa_status status = fa_forward(&gp, &exec);
   if (status == FA_ERROR_UNSUPPORTED && c.backend == FA_BACKEND_CUDA_SM90 && sm90_unavailable_message(fa_last_error()))
     GTEST_SKIP() << fa_last_error();
@@ -333,6 +334,28 @@ std::vector<Case> forward_cases() {
     Case a; a.sq = 9, a.sk = 64, a.hq = 8, a.hkv = 2, a.d = a.dv = 128; a.alibi = 1;
     a.name = "gqa_short_alibi_unpacked"; add(a);
   }
+  {  // split-KV (cuda-sm90; a hint the sm80 kernels ignore): key blocks of each tile split over CTAs, partials
+     // merged by the combine kernel. Uneven shares, splits left without blocks (window, seqused_k, more splits
+     // than blocks), packed and unpacked tiles, varlen, every mask kind.
+    Case c; c.batch = 1, c.sq = 1, c.sk = 9000, c.hq = 32, c.hkv = 8, c.d = c.dv = 128;
+    c.name = "split_decode_auto_32to8"; add(c);
+    c.name = "split_decode_7_causal"; c.num_splits = 7; c.causal = true; add(c);
+    c.name = "split_decode_unsplit"; c.num_splits = 1; c.causal = false; add(c);
+    Case u; u.sq = 17, u.sk = 1000, u.hq = 2, u.hkv = 2, u.d = u.dv = 64;
+    u.name = "split3_d64_causal_tl"; u.num_splits = 3; u.causal = true; u.align = FA_ALIGN_TOP_LEFT; add(u);
+    u.name = "split5_d256_window"; u.num_splits = 5; u.causal = false; u.align = FA_ALIGN_BOTTOM_RIGHT;
+    u.d = u.dv = 256; u.wl = 100, u.wr = 0; add(u);  // 1-2 of 5 splits see keys
+    u.name = "split128_more_than_blocks_fp16"; u.num_splits = 128; u.wl = u.wr = -1; u.d = u.dv = 128;
+    u.dtype = FA_FLOAT16; u.sk = 300; add(u);
+    u.name = "split4_softcap_alibi"; u.num_splits = 4; u.dtype = FA_BFLOAT16; u.sk = 700; u.softcap = 3.f; u.alibi = 2;
+    u.batch = 2; add(u);
+    Case n; n.d = n.dv = 128; n.batch = 3; n.sq = 4, n.sk = 2000; n.hq = 8, n.hkv = 2; n.used_k = {0, 129, 1999};
+    n.name = "split6_seqused_k_nan_tail"; n.num_splits = 6; n.nan_past_used = true; add(n);
+    Case v; v.hq = 8, v.hkv = 2, v.d = v.dv = 128; v.causal = true; v.num_splits = 4;
+    v.lens_q = {1, 5, 130, 0}; v.lens_k = {1000, 1, 900, 9};
+    v.name = "split4_varlen_causal"; add(v);
+    v.name = "split4_varlen_dv64"; v.causal = false; v.dv = 64; add(v);
+  }
   {  // more tiles than SMs: persistent CTAs walk several tiles (Q reloads, pipeline phases across tiles)
     Case c; c.batch = 2, c.hq = 8, c.hkv = 2, c.sq = 2000, c.sk = 2100, c.d = c.dv = 128;
     c.name = "many_tiles_gqa"; add(c);
@@ -370,6 +393,11 @@ std::vector<Case> sanitizer_cases() {
   Case pad; pad.sq = 130, pad.sk = 70, pad.d = pad.dv = 200; pad.name = "d200_padded"; v.push_back(pad);
   Case c; c.d = c.dv = 72; c.lens_q = {3, 140}; c.lens_k = {70, 9}; c.wl = 10, c.wr = 4; c.alibi = 1; c.softcap = 2.f;
   c.name = "varlen_window_alibi_softcap_d72"; v.push_back(c);
+  // Split-KV partials and their combine: packed decode, and varlen with a split left empty.
+  Case s; s.sq = 1, s.sk = 1100, s.hq = 8, s.hkv = 2, s.d = s.dv = 128; s.num_splits = 3;
+  s.name = "split3_packed_decode"; v.push_back(s);
+  Case w; w.d = w.dv = 64; w.lens_q = {3, 40}; w.lens_k = {500, 9}; w.num_splits = 4; w.causal = true;
+  w.name = "split4_varlen_causal_d64"; v.push_back(w);
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Sanitizer, Forward,
@@ -457,6 +485,58 @@ TEST(Sm80Validation, VarlenDuringGraphCaptureIsRejected) {
   EXPECT_NE(msg.find("capturing"), std::string::npos) << msg;
   // And outside capture the same call runs.
   EXPECT_EQ(fa_forward(&call.p, nullptr), FA_OK) << fa_last_error();
+}
+
+// seqused_k is not read on the host for CUDA calls: out-of-range entries are clamped to [0, seqlen_k] on the
+// device (validate.cpp), and a batched call with seqused_k can be captured in a CUDA graph (decode loops).
+TEST(CudaSequsedK, ClampedOnDeviceAndCapturable) {
+  SKIP_WITHOUT_GPU();
+  for (const fa_backend backend : {FA_BACKEND_CUDA_SM80, FA_BACKEND_AUTO}) {
+    SmallCall call;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<uint16_t> h(call.buf.n);
+    for (auto& x : h) x = to_storage(FA_BFLOAT16, normal(rng));
+    call.buf.upload(h);
+    DeviceBuffer<int32_t> used(1);
+    call.p.attn.seqused_k = vec_i32(used.ptr, FA_DEVICE_CUDA, 1);
+    fa_exec exec = fa_exec_default();
+    exec.backend = backend;
+    const size_t n_out = 16 * 2 * 64;
+    auto run = [&](int32_t u) {
+      used.upload({u});
+      EXPECT_EQ(fa_forward(&call.p, &exec), FA_OK) << fa_last_error();
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<uint16_t> all = call.buf.download();
+      return std::vector<uint16_t>(all.begin() + 24576 / 2, all.begin() + 24576 / 2 + n_out);
+    };
+    const auto zero = run(0), full = run(16), some = run(5);
+    EXPECT_EQ(run(-3), zero) << "negative entries mean no key";
+    EXPECT_EQ(run(1000), full) << "entries past the keys mean all keys";
+    EXPECT_NE(some, full);
+
+    // Captured: the graph replays with the entry as it is at replay time.
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    exec.stream = stream;
+    used.upload({16});
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    const fa_status st = fa_forward(&call.p, &exec);
+    const std::string msg = fa_last_error();
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(st, FA_OK) << msg;
+    cudaGraphExec_t instance = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&instance, graph, 0), cudaSuccess);
+    used.upload({5});
+    ASSERT_EQ(cudaGraphLaunch(instance, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<uint16_t> all = call.buf.download();
+    EXPECT_EQ(std::vector<uint16_t>(all.begin() + 24576 / 2, all.begin() + 24576 / 2 + n_out), some);
+    cudaGraphExecDestroy(instance);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
 }
 
 // Backend::tile_shape reports the same constexpr tiles the kernel is compiled with.

@@ -50,6 +50,7 @@ struct Case {
   int64_t row_pad = 0;              // extra elements per row (non-contiguous strides)
   bool deterministic = false;        // backward: bit-identical reruns, no atomics
   fa_backend backend = FA_BACKEND_AUTO;  // forward: which CUDA backend runs the case
+  int num_splits = 0;                    // forward: exec.num_splits (0: the plan picks)
 };
 
 // The same cases once per CUDA backend; names get the backend as a prefix.

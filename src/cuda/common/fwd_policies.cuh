@@ -29,7 +29,9 @@ struct SeqInfo {
       len_q = p.seqlen_q;
       len_k = p.seqlen_k;
     }
-    if (p.seqused_k != nullptr) len_k = p.seqused_k[b];
+    // seqused_k is not read on the host for CUDA calls (no synchronisation per call; CUDA-graph capture): an
+    // entry outside [0, keys of the sequence] is clamped here, so no key past the sequence is ever read.
+    if (p.seqused_k != nullptr) len_k = max(0, min(p.seqused_k[b], len_k));
   }
 };
 

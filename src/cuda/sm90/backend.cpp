@@ -85,11 +85,20 @@ Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods) {
 }
 
 detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* workspace, cudaStream_t stream) {
-  const FwdParams params = make_fwd_params(p);
+  FwdParams params = make_fwd_params(p);
+  if (plan.num_splits > 1) {
+    params.num_splits = plan.num_splits;
+    params.lse_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.split.lse_offset);
+    params.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.split.o_offset);
+    params.partial_rows = p.varlen ? p.total_q : p.batch * p.seqlen_q;
+  }
   Launch launch = ablation_launch(p, plan);
   if (launch == nullptr) launch = kFwdKernels[plan.instance].launch;
   if (cudaError_t e = launch(params, plan, static_cast<int*>(workspace), stream); e != cudaSuccess)
     return runtime_error("cuda-sm90 forward kernel launch", e);
+  if (plan.num_splits > 1)
+    if (cudaError_t e = launch_split_combine(params, p.dtype, stream); e != cudaSuccess)
+      return runtime_error("cuda-sm90 split-KV combine kernel launch", e);
   return detail::ok();
 }
 

@@ -4,7 +4,8 @@
 //   TMA      through shared memory (stmatrix), one TMA store per warpgroup (batched, the box is clipped)
 //   varlen   through shared memory, predicated 16-byte stores (a box could spill into the next sequence)
 //   packed   through shared memory, predicated 16-byte stores, one row address each ((position, head) rows)
-// Split-KV partials will be a fifth (fp32 O and LSE into the plan's workspace).
+// or, under split-KV (chosen at run time: the launch's num_splits), the fifth: fp32 O and LSE partials from
+// registers into the plan's workspace (store_partials), merged by the combine kernel (common/split_combine.cuh).
 #pragma once
 
 #include "cuda/sm90/fwd_tile.cuh"
@@ -27,10 +28,42 @@ struct FwdEpilogue {
   // Whether O is staged in Q's space: the Q space is then released only after the stores have read it.
   static constexpr bool kOInQSpace = !Traits::kSeparateO && !kDirectO;
 
+  // Split-KV: this split's normalised O (fp32, column pairs from registers) and LSE at row (head, q row) of its
+  // split's slice of the workspace; rows past the sequence are not written (the combine never reads them).
+  template <class AccO, int kRows>
+  __device__ static void store_partials(const FwdParams& p, const Tile& tile, const AccO& tOrO,
+                                        const float (&lse)[kRows], int wg, int tid) {
+    const TileScheduler::Tile& t = tile.t;
+    const int m0_wg = tile.m0 + wg * kWgRows;
+    const int head0 = tile.head0(p);
+    typename Traits::TiledMmaPV mma_pv;
+    auto thr_pv = mma_pv.get_thread_slice(tid);
+    Tensor cO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+    Tensor cO_rc = make_tensor(cO.data(), rows_cols(cO.layout()));
+    Tensor o_vals = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
+    static_assert(size<1>(decltype(o_vals.layout()){}) % 2 == 0, "column pairs");
+    const int64_t first_row = p.cu_seqlens_q != nullptr ? int64_t(tile.seq.q_start) : int64_t(t.batch) * p.seqlen_q;
+    const int64_t split_heads = int64_t(t.split) * p.heads_q;
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(o_vals); ++r) {
+      const PackedRow row(m0_wg + get<0>(cO_rc(r, 0)), tile.rows_per_pos, head0);
+      if (row.pos >= tile.seq.len_q) continue;
+      const int64_t at = (split_heads + row.head) * p.partial_rows + first_row + row.pos;
+      if (get<1>(cO_rc(r, 0)) == 0) p.lse_partial[at] = lse[r];
+      float* o_row = p.o_partial + at * p.head_dim_v;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o_vals); c += 2) {
+        const int col = get<1>(cO_rc(r, c));  // columns col and col + 1 (head_dim_v is a multiple of 8)
+        if (col < p.head_dim_v) *reinterpret_cast<float2*>(o_row + col) = make_float2(o_vals(r, c), o_vals(r, c + 1));
+      }
+    }
+  }
+
   template <class AccO, int kRows>
   __device__ static void store(const KernelParams<Traits>& kp, typename Traits::SharedStorage& ss, const Tile& tile,
                                const AccO& tOrO, const float (&lse)[kRows], int wg, int tid) {
     const FwdParams& p = kp.p;
+    if (p.num_splits > 1) return store_partials(p, tile, tOrO, lse, wg, tid);
     const TileScheduler::Tile& t = tile.t;
     const bool varlen = p.cu_seqlens_q != nullptr;
     const int m0_wg = tile.m0 + wg * kWgRows;

@@ -70,7 +70,7 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
     return e;
   // The ablation variant without persistence runs one CTA per tile whatever the plan says.
   const bool persistent = Traits::Mech::kPersistent && plan.schedule != Schedule::kPerTile;
-  const int grid = persistent ? plan.grid : int(plan.tiles);
+  const int grid = persistent ? plan.grid : int(plan.tiles * plan.num_splits);
   if (persistent && plan.schedule == Schedule::kPersistentDynamic) {
     if (counter == nullptr) return cudaErrorInvalidValue;  // the plan's workspace was not provided
     if (cudaError_t e = cudaMemsetAsync(counter, 0, sizeof(int), stream); e != cudaSuccess) return e;

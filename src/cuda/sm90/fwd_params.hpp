@@ -17,5 +17,7 @@ cudaError_t launch_fwd(const FwdParams& params, const FwdPlan& plan, int* worksp
 // Attributes of that kernel; fails when the build holds no code this device can run.
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes);
+// Split-KV: merges the partials of a launch with params.num_splits > 1 into out and lse (split_combine.cu).
+cudaError_t launch_split_combine(const FwdParams& params, fa_dtype dtype, cudaStream_t stream);
 
 }  // namespace flashattn::cuda::sm90

@@ -21,7 +21,7 @@ struct FwdTile {
 
   __device__ FwdTile(const FwdParams& p, const TileScheduler::Tile& tile)
       : t(tile), seq(p, tile.batch), mask(p, seq), rows_per_pos(kPackGQA ? p.group : 1), m0(tile.m_block * kBlockM),
-        range(key_blocks()) {}
+        range(split_share(key_blocks(), p.num_splits, tile.split)) {}
 
   // Varlen: a sequence shorter than max_seqlen_q has no rows in its last tiles.
   __device__ bool empty() const { return m0 >= seq.len_q * rows_per_pos; }
@@ -31,6 +31,16 @@ struct FwdTile {
   }
   // Query head of the tile's first row.
   __device__ int head0(const FwdParams& p) const { return kPackGQA ? t.head * p.group : t.head; }
+
+  // Split-KV: split s of n takes the s-th of n equal runs of the tile's key blocks; a split left without blocks
+  // still writes its (empty: O = 0, LSE = -inf) partial, which the combine weighs 0.
+  __device__ static BlockRange split_share(BlockRange r, int splits, int split) {
+    if (splits == 1) return r;
+    const int per = (r.hi - r.lo + splits - 1) / splits;
+    const int lo = r.lo + split * per;
+    const int hi = min(r.hi, lo + per);
+    return lo < hi ? BlockRange{lo, hi} : BlockRange{0, 0};
+  }
 
  private:
   // Unpacked tiles keep the plain form: at d64's 160-register budget ptxas spilled (140 bytes) when the range

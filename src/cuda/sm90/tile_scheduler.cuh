@@ -13,19 +13,22 @@ namespace flashattn::cuda::sm90 {
 // static against 588 with one CTA per tile). To keep the K/V of CTAs running together in L2, the longest-first
 // order is taken within sections of `section_heads` consecutive (batch, head) pairs whose K/V fit in about half
 // of L2 (without sections, causal d128 at 2k reached 0.83x of cuDNN, every CTA of a wave on another head).
-// The plan (plan.cpp) decides the schedule, the grid and the sections; `counter` is its workspace (zeroed before
-// the launch), null for the static schedule.
+// Split-KV multiplies every tile into `splits` tiles of consecutive indices (the split fastest), each taking a
+// share of its key blocks (FwdTile). The plan (plan.cpp) decides the schedule, the grid, the sections and the
+// splits; `counter` is its workspace (zeroed before the launch), null for the static schedule.
 struct TileScheduler {
   struct Tile {
-    int m_block, head, batch;
+    int m_block, head, batch, split;
   };
-  int num_m_blocks, heads, batch;
+  int num_m_blocks, heads, batch, splits;
   bool longest_first;
   int section_heads;
   int* counter;
 
-  __device__ int count() const { return num_m_blocks * heads * batch; }
+  __device__ int count() const { return num_m_blocks * heads * batch * splits; }
   __device__ Tile tile(int idx) const {
+    const int split = idx % splits;
+    idx /= splits;
     int m, hb;
     if (longest_first) {
       const int hb_count = heads * batch;
@@ -39,7 +42,7 @@ struct TileScheduler {
       m = idx % num_m_blocks;
       hb = idx / num_m_blocks;
     }
-    return {m, hb % heads, hb / heads};
+    return {m, hb % heads, hb / heads, split};
   }
   // The tile after `current`, asked for by one full warp; `leader` is the lane that takes from the counter.
   __device__ int next(int current, bool leader) const {
