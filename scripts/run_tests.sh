@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds flashattn and runs the fast test tier (C++ via CTest, Python CPU tests via pytest).
+# Builds flashattn and runs the fast test tier (C++ via CTest, the install consumer (tests/install_consumer),
+# Python CPU tests via pytest).
 #   scripts/run_tests.sh            fast tier
 #   scripts/run_tests.sh --deep     fast + deep tiers
 # Under CI (CI=true) the CUDA kernels are compiled as one translation unit per kernel family, which proves
@@ -18,6 +19,8 @@ if [ -n "${CI:-}" ]; then kernels=ci; fi
 cmake -S . -B build -G Ninja -DFLASHATTN_KERNELS="$kernels" >/dev/null
 cmake --build build -j "$jobs"
 (cd build && ctest -L "$labels" -j "$jobs" --output-on-failure --timeout 900)
+# The library as a newcomer's CMake project gets it: cmake --install, find_package(flashattn), a C ABI call on CPU.
+tests/install_consumer/run.sh build
 
 if [ -f pyproject.toml ] && [ -d tests/python ]; then
   scripts/python_tests.sh
