@@ -14,6 +14,16 @@ jobs=$(nproc)
 if [ -z "${FLASHATTN_SKIP_DEPS:-}" ]; then scripts/install_deps.sh; fi
 if [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
 
+# Lint first (seconds): the Python sources (python/, tests/python/, bench/) against [tool.ruff] in pyproject.toml.
+# Required under CI; elsewhere skipped with a note when ruff is not installed.
+if python3 -m ruff --version >/dev/null 2>&1; then
+  python3 -m ruff check .
+elif [ -n "${CI:-}" ]; then
+  echo "ruff is not installed (scripts/install_deps.sh installs it)" >&2; exit 1
+else
+  echo "ruff not installed: lint skipped (pip install ruff==0.17.6)"
+fi
+
 kernels="${FLASHATTN_KERNELS:-default}"
 if [ -n "${CI:-}" ]; then kernels=ci; fi
 cmake -S . -B build -G Ninja -DFLASHATTN_KERNELS="$kernels" >/dev/null

@@ -20,7 +20,6 @@ else:
     torch = pytest.importorskip("torch")
 
 import flashattn  # noqa: E402
-from flashattn import ops  # noqa: E402
 from flashattn import (  # noqa: E402
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -28,6 +27,7 @@ from flashattn import (  # noqa: E402
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    ops,
 )
 
 HAS_CUDA = torch.cuda.is_available() and ops.cuda_available()
@@ -149,7 +149,8 @@ SHAPES = [(2, 17, 17, 4, 2, 64), (1, 33, 97, 2, 1, 128), (2, 1, 40, 2, 2, 32)]
 
 def check_attention(device, dtype, shape, mask, backward=True):
     b, sq, sk, hq, hkv, d = shape
-    q, k, v = make((b, sq, hq, d), dtype, device, 1), make((b, sk, hkv, d), dtype, device, 2), make((b, sk, hkv, d), dtype, device, 3)
+    q = make((b, sq, hq, d), dtype, device, 1)
+    k, v = make((b, sk, hkv, d), dtype, device, 2), make((b, sk, hkv, d), dtype, device, 3)
     dout = make((b, sq, hq, d), dtype, device, 4, requires_grad=False)
     mask = dict(mask)
     alibi = torch.rand(hq, device=device, dtype=torch.float32) * 0.5 + 0.1 if mask.pop("alibi", False) else None
