@@ -48,6 +48,9 @@ if(FLASHATTN_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
+  # The host compiler's warnings on the host side of the .cu units, as on the .cpp units (FA_CPU_WARN); the
+  # CuTe/CUTLASS headers are SYSTEM includes everywhere, so their warnings stay out.
+  set(FA_CUDA_WARN $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
 
   message(STATUS "flashattn: CUDA backends ON (archs ${CMAKE_CUDA_ARCHITECTURES}, kernels ${FLASHATTN_KERNELS}, "
                  "CUTLASS ${FLASHATTN_CUTLASS_DIR})")

@@ -20,6 +20,15 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER
 PY=python3
 # Python package build + tests (CPU path needs numpy and pytest only).
 $PY -m pip install -q "nanobind==2.9.2" "scikit-build-core==0.11.6" numpy pytest
+# The Python lint CI runs (configuration: [tool.ruff] in pyproject.toml).
+$PY -m pip install -q "ruff==0.17.6"
+# torch, for the flash_attn-compatible API's tests (tests/python/test_torch.py), which then run in CI on CPU
+# tensors. PyPI has no CPU-only torch wheel for Linux: its wheel pulls the CUDA libraries as packages, about
+# 5 GB on disk and about a minute to install here (an already satisfied pin costs a second or two). It works
+# without a GPU. FLASHATTN_NO_TORCH=1 skips it (the torch tests are then skipped, outside CI).
+if [ -z "${FLASHATTN_NO_TORCH:-}" ]; then
+  $PY -m pip install -q "torch==2.15.0"
+fi
 # CuTe/CUTLASS headers for the CUDA kernels, pinned; header-only, found by cmake/cuda.cmake.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   $PY -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"

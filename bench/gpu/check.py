@@ -351,8 +351,8 @@ class Tally:
     def save(self, done: bool):
         if self.json_path:
             with open(self.json_path, "w") as f:
-                json.dump({**self.meta, "summary": self.summary() + ("" if done else " (INCOMPLETE: crashed or killed)"),
-                           "counts": self.counts, "failures": self.failures}, f)
+                summary = self.summary() + ("" if done else " (INCOMPLETE: crashed or killed)")
+                json.dump({**self.meta, "summary": summary, "counts": self.counts, "failures": self.failures}, f)
 
     def line(self, status: str, what: str, detail: str = ""):
         key = {"PASS": "pass", "FAIL": "fail"}.get(status, "skip")

@@ -7,6 +7,7 @@ inputs' dtype with every intermediate rounded to it, as an unfused framework com
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import math
 import os
@@ -40,14 +41,16 @@ class Ours:
 
 
 def load_ours(device: str = "cuda") -> Ours:
-    """Imports `flashattn` and runs one tiny call on `device`, so that a package built without CUDA (or a
-    kernel that refuses every shape) reports a reason instead of failing case after case."""
+    """Imports `flashattn` (or the package FLASHATTN_BENCH_PACKAGE names: run.sh --mock sets the stand-in
+    `flashattn_mock` of bench/gpu/mock) and runs one tiny call on `device`, so that a package built without
+    CUDA (or a kernel that refuses every shape) reports a reason instead of failing case after case."""
+    name = os.environ.get("FLASHATTN_BENCH_PACKAGE", "flashattn")
     try:
-        import flashattn  # noqa: PLC0415 (optional dependency: the harness runs without it)
+        flashattn = importlib.import_module(name)  # optional dependency: the harness runs without it
     except Exception as e:  # ImportError, or a broken extension (undefined symbol, wrong ABI)
-        return Ours(None, f"import flashattn failed: {type(e).__name__}: {e}")
+        return Ours(None, f"import {name} failed: {type(e).__name__}: {e}")
     if not hasattr(flashattn, "flash_attn_func"):
-        return Ours(None, "flashattn has no flash_attn_func")
+        return Ours(None, f"{name} has no flash_attn_func")
     params = inspect.signature(flashattn.flash_attn_func).parameters
     align = next((p for p in params if "align" in p), None)
     ops = getattr(flashattn, "ops", None)

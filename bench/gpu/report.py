@@ -169,7 +169,8 @@ def markdown(out_dir, work, rows):
             value = r["tflops"] if num(r["tflops"]) is not None else "n/a (" + r["note"].partition(": ")[2] + ")"
             per[r["backend"]][direction] = value
         for name, v in per.items():
-            L.append(f"| {ours_col if name == 'ours' else LABEL.get(name, name)} | {v.get('fwd', 'n/a')} | {v.get('fwd+bwd', 'n/a')} |")
+            label = ours_col if name == "ours" else LABEL.get(name, name)
+            L.append(f"| {label} | {v.get('fwd', 'n/a')} | {v.get('fwd+bwd', 'n/a')} |")
     ceil = [r for r in rows if r["kind"] == "ceiling"]
     if ceil:
         L += ["", "## Ceilings measured in this run", ""]
@@ -230,7 +231,8 @@ def ablation_table(rows):
             r = per[name].get(shape)
             v = num(r["tflops"]) if r else None
             ref = num(default[shape]["tflops"]) if shape in default else None
-            cells.append("n/a" if v is None else f"{v:.1f}" + (f" ({v / ref:.2f})" if ref and name != "default" else ""))
+            ratio = f" ({v / ref:.2f})" if v is not None and ref and name != "default" else ""
+            cells.append("n/a" if v is None else f"{v:.1f}{ratio}")
             if v is not None and ref:
                 ratios.append(v / ref)
             if r and r.get("note") and (v is None or "NONFINITE" in r["note"]):

@@ -17,7 +17,7 @@
 #   --budget S    seconds the whole run may take (default 570: the device tool's 600 s call limit less a
 #                 margin); the C++ suites and the Python suite get timeouts from it, and the benchmarks stop
 #                 adding shapes in time for the report to be written
-#   --mock        test the harness itself: 'ours' is bench/gpu/mock (torch's plain implementation), whatever
+#   --mock        test the harness itself: 'ours' is bench/gpu/mock/flashattn_mock (torch's plain implementation), whatever
 #                 was built; its rows say nothing about our kernels
 #   --ablations   for a build with the sm90 ablation variants only: bench.py --ablations times the sm90 bf16 d128
 #                 forward once per FLASHATTN_SM90_MECHANISMS variant (seqlen 2k/8k/16k, causal and not, cuDNN
@@ -228,8 +228,8 @@ if ! skip build; then
   stamp "python package: $PY_SUMMARY" | tee -a "$BUILD_LOG"
 fi
 if [[ $MOCK == 1 ]]; then
-  export PYTHONPATH="$HERE/mock${PYTHONPATH:+:$PYTHONPATH}"
-  PY_SUMMARY="MOCK (bench/gpu/mock: torch's plain implementation stands in for ours; harness self-test only)"
+  export PYTHONPATH="$HERE/mock${PYTHONPATH:+:$PYTHONPATH}" FLASHATTN_BENCH_PACKAGE=flashattn_mock
+  PY_SUMMARY="MOCK (bench/gpu/mock/flashattn_mock: torch's plain implementation stands in for ours; harness self-test only)"
   stamp "python package: $PY_SUMMARY" | tee -a "$BUILD_LOG"
 fi
 echo "{\"summary\": $(json_str "$BUILD_SUMMARY"), \"python\": $(json_str "$PY_SUMMARY")}" >"$WORK/build.json"

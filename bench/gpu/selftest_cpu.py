@@ -57,6 +57,7 @@ def read(path):
 def test_bench(tmp):
     stub_triton()
     sys.path[:0] = [HERE, os.path.join(HERE, "mock")]
+    os.environ["FLASHATTN_BENCH_PACKAGE"] = "flashattn_mock"
     import bench  # noqa: PLC0415
     import common  # noqa: PLC0415
 
@@ -184,7 +185,7 @@ def test_sanitizer_step(tmp):
     work = os.path.join(tmp, "san")
     os.makedirs(work, exist_ok=True)
     env = {**os.environ, "PATH": bindir + os.pathsep + os.environ["PATH"], "FLASHATTN_CHECK_DEVICE": "cpu",
-           "PYTHONPATH": os.path.join(HERE, "mock")}
+           "PYTHONPATH": os.path.join(HERE, "mock"), "FLASHATTN_BENCH_PACKAGE": "flashattn_mock"}
     p = subprocess.run([sys.executable, script, work, os.path.join(tmp, "nobuild"), HERE,
                         os.path.join(work, "sanitizer.log"), "120", "0", str(time.time() + 400), "60"],
                        env=env, capture_output=True, text=True, timeout=600)

@@ -9,7 +9,7 @@
 
 import importlib
 
-from . import _C, ops
+from . import _C, ops  # noqa: F401  (flashattn._C, the extension, is public)
 
 __version__ = "0.1.0"
 

@@ -41,7 +41,7 @@ def _lse_shape(q: Tensor, varlen: bool):
 
 
 # Per-call host cost adds up where kernels are short (decode steps, short sequences, small batches): the H200
-# measurements are in src/cuda/NOTES.md ("Session 3 device runs"). The private torch.cuda helpers skip
+# measurements are in bench/results/2026-11-30_sm90_dev/run5_host_overhead.tsv. The private torch.cuda helpers skip
 # torch.cuda.device's context-manager object and current_stream's Stream object; public fallbacks keep older
 # torch working.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -95,12 +95,13 @@ def _slopes(alibi, b):
     return a if a.ndim == 1 else a[b]
 
 
-def attention(q, k, v, mask=Mask(), *, scale=None, alibi=None, cu_seqlens_q=None, cu_seqlens_k=None,
+def attention(q, k, v, mask=None, *, scale=None, alibi=None, cu_seqlens_q=None, cu_seqlens_k=None,
               seqused_k=None, dout=None, storage=None):
     """Forward (out, lse) and, when dout is given, the gradients (dq, dk, dv), all float64 numpy.
 
     out/dq/dk/dv have the layout of the inputs; lse is (B, Hq, Sq) batched or (Hq, Tq) varlen.
     """
+    mask = Mask() if mask is None else mask
     rnd = _Round(storage)
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     dout = None if dout is None else np.asarray(dout, dtype=np.float64)

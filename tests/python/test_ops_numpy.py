@@ -260,17 +260,20 @@ def _call(q, k, v, **kw):
 
 ERRORS = [
     # (change to the base call, exception, words the message must contain)
-    ("head_dim", lambda a: a.update(q=a["q"][..., :12].copy(), k=a["k"][..., :12].copy()), ValueError, ["q", "head_dim"]),
+    ("head_dim", lambda a: a.update(q=a["q"][..., :12].copy(), k=a["k"][..., :12].copy()), ValueError,
+     ["q", "head_dim"]),
     ("q_rank", lambda a: a.update(q=a["q"][0]), ValueError, ["q", "dimensions"]),
     ("q_rank_5", lambda a: a.update(q=a["q"][None]), ValueError, ["q", "at most 4"]),
     ("k_dtype", lambda a: a.update(k=a["k"].astype(np.float16)), ValueError, ["k", "dtype"]),
     ("float64", lambda a: a.update(q=a["q"].astype(np.float64)), ValueError, ["q", "float64"]),
     ("int_q", lambda a: a.update(q=a["q"].astype(np.int32)), ValueError, ["q", "dtype"]),
-    ("gqa", lambda a: a.update(k=a["k"][:, :, :1].repeat(3, 2), v=a["v"][:, :, :1].repeat(3, 2)), ValueError, ["k", "multiple"]),
+    ("gqa", lambda a: a.update(k=a["k"][:, :, :1].repeat(3, 2), v=a["v"][:, :, :1].repeat(3, 2)), ValueError,
+     ["k", "multiple"]),
     ("v_heads", lambda a: a.update(v=a["v"][:, :, :1].copy()), ValueError, ["v", "heads"]),
     ("kv_len", lambda a: a.update(v=a["v"][:, :5].copy()), ValueError, ["v", "match"]),
     ("batch", lambda a: a.update(k=a["k"][:1].copy(), v=a["v"][:1].copy()), ValueError, ["k", "batch"]),
-    ("last_stride", lambda a: a.update(q=np.concatenate([a["q"], a["q"]], -1)[..., ::2]), ValueError, ["q", "unit stride"]),
+    ("last_stride", lambda a: a.update(q=np.concatenate([a["q"], a["q"]], -1)[..., ::2]), ValueError,
+     ["q", "unit stride"]),
     ("dropout", lambda a: a.update(dropout_p=0.1), NotImplementedError, ["dropout_p"]),
     ("dropout_range", lambda a: a.update(dropout_p=1.5), ValueError, ["dropout_p", "[0, 1)"]),
     ("window_left", lambda a: a.update(window_size=(-2, 0)), ValueError, ["window_left", ">= -1"]),

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from bench_fwd import Exec, FwdParams, Attention, Tensor, view
+from bench_fwd import Attention, Exec, FwdParams, Tensor, view
 
 
 class BwdParams(C.Structure):
@@ -69,7 +69,8 @@ def main():
                 dq, dk, dv = (torch.empty_like(q) for _ in range(3))
                 p = BwdParams()
                 p.attn.q, p.attn.k, p.attn.v = view(q), view(k), view(v)
-                p.out, p.lse, p.dout, p.dq, p.dk, p.dv = view(out), lse_view(lse), view(do), view(dq), view(dk), view(dv)
+                p.out, p.lse, p.dout = view(out), lse_view(lse), view(do)
+                p.dq, p.dk, p.dv = view(dq), view(dk), view(dv)
                 p.attn.causal = int(causal)
                 p.attn.window_left = p.attn.window_right = -1
                 fp = FwdParams()
@@ -104,12 +105,12 @@ def main():
                         if ref is None:
                             ref = [x.transpose(1, 2) for x in g]
                         results[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        del o, g
+                        o = g = None  # free them before the next backend
                     except Exception as e:  # backend refuses the shape
                         print(f"# {name} failed: {type(e).__name__}: {str(e)[:80]}")
                 for name, ms in results.items():
-                    print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t{flops / ms / 1e9:.1f}",
-                          flush=True)
+                    print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t"
+                          f"{flops / ms / 1e9:.1f}", flush=True)
                 for tag, g in grads.items() if ref is not None else ():
                     diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(g, ref)]
                     print(f"# check {tag} hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - flash2| "

@@ -45,7 +45,8 @@ class FwdParams(C.Structure):
 
 def view(t):
     v = Tensor()
-    v.data, v.dtype, v.device, v.device_index, v.ndim = t.data_ptr(), FA_BFLOAT16, FA_DEVICE_CUDA, t.device.index or 0, t.dim()
+    v.data, v.dtype, v.device = t.data_ptr(), FA_BFLOAT16, FA_DEVICE_CUDA
+    v.device_index, v.ndim = t.device.index or 0, t.dim()
     for i in range(t.dim()):
         v.shape[i], v.stride[i] = t.shape[i], t.stride(i)
     return v
@@ -83,7 +84,8 @@ def main():
         for causal in (False, True):
             for seqlen in seqlens:
                 batch = tokens // seqlen
-                q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                shape = (batch, seqlen, heads, hdim)
+                q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 out = torch.empty_like(q)
                 p = FwdParams()
                 p.attn.q, p.attn.k, p.attn.v, p.out = view(q), view(k), view(v), view(out)
@@ -107,7 +109,8 @@ def main():
                         print(f"# {bname or tag} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
                 ref = None
-                for name, be in () if ours_only else (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                peers = (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
+                for name, be in () if ours_only else peers:
                     try:
                         with sdpa_kernel(be):
                             fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
@@ -118,8 +121,8 @@ def main():
                     except Exception as e:  # backend refuses the shape
                         print(f"# {name} failed: {type(e).__name__}: {str(e)[:80]}")
                 for name, ms in results.items():
-                    print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t{flops / ms / 1e9:.1f}",
-                          flush=True)
+                    print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t"
+                          f"{flops / ms / 1e9:.1f}", flush=True)
                 if ref is not None:
                     diff = (out.float() - ref.transpose(1, 2).float()).abs().max().item()
                     print(f"# check hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - sdpa| = {diff:.3e}",

@@ -87,8 +87,8 @@ def main():
         flops = 4 * batch * 16 * seqlen * seqlen * 128 / (2 if causal else 1)
         for name, fn in calls(q, k, v, causal).items():
             ms = do_bench(fn, warmup=50, rep=200, return_mode="median")
-            print(f"do_bench\t{name}\tB{batch} S{seqlen} H16 d128 causal={int(causal)}\t{flops / ms / 1e9:.1f}\tTFLOP/s",
-                  flush=True)
+            print(f"do_bench\t{name}\tB{batch} S{seqlen} H16 d128 causal={int(causal)}\t"
+                  f"{flops / ms / 1e9:.1f}\tTFLOP/s", flush=True)
 
 
 if __name__ == "__main__":

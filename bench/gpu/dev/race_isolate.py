@@ -9,7 +9,9 @@ deterministic=True); case (check.py's whole check_case, which fails under racech
 clean alone), case_no_poison (the same without poisoning torch's allocator), case_no_plain (the same with the
 plain low-precision reference replaced by the exact one: its verdicts say nothing, only whether the sanitizer
 still fails), plain (the plain low-precision implementation alone: torch kernels only), case_plain_cpu
-(check_case with the plain implementation on the CPU, as check.py --plain-on-cpu). Off the GPU (FLASHATTN_CHECK_DEVICE=cpu, PYTHONPATH=bench/gpu/mock) it exercises the script itself.
+(check_case with the plain implementation on the CPU, as check.py --plain-on-cpu). Off the GPU
+(FLASHATTN_CHECK_DEVICE=cpu, PYTHONPATH=bench/gpu/mock FLASHATTN_BENCH_PACKAGE=flashattn_mock) it exercises the
+script itself.
 """
 import os
 import sys

@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
       load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n_block), tVs, tKc, keys_valid, head_dim_v);
       // Query blocks walk down from the last (FA2's order): without a mask the key-block CTAs of a head walk the
       // same Q / dO / dQ tiles in step (L2 reuse) either way; under a causal mask ascending would start each key
-      // block at its diagonal, out of step with its neighbours (descending measured 0-3% faster, NOTES.md B2-3).
+      // block at its diagonal, out of step with its neighbours (descending measured 0-3% faster: docs/journal/cuda.md, device run B2-3).
       // Only the first block can be partial, so the loads of the next block are never row-predicated.
       const int steps = m_hi - m_lo;
       load_q_do(m_hi - 1, seq.len_q - (m_hi - 1) * kBlockM, 0, 0, true, true);
@@ -588,7 +588,7 @@ __device__ inline int64_t global_row_offset(bool varlen, int64_t g, int64_t seql
 // D = rowsum(dO * O) in fp32 for every (query head, global row), kPreRowThreads threads per row reading 16-byte
 // vectors; the same threads zero the fp32 dQ workspace (dq_floats of it), as FA2 does, instead of a memset
 // behind the kernel. One warp per row with 4-byte loads, plus the memset, took 170 us where FA2 takes 73 at
-// d64 and 16k tokens (H200, src/cuda/NOTES.md, session 4).
+// d64 and 16k tokens (H200, bench/results/2026-11-30_sm80_tiles/run5_profile_bwd.txt).
 constexpr int kPreRowThreads = 8;
 template <fa_dtype kDtype>
 __global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams p, int64_t dq_floats) {

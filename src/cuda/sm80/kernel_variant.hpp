@@ -14,7 +14,8 @@ struct KernelVariant {
   // head_dim or head_dim_v below the compiled head dim: loads zero-fill and stores skip the columns past them.
   // The plain kernel's column counts are compile-time constants instead, so its tile loads have no branch:
   // with the runtime test ptxas (sm_90a) spilled 40-104 bytes in the d256 forward and none without, which took
-  // d256 from 0.96-1.00x to 0.99-1.05x of FA2 at seqlen 1k (H200, src/cuda/NOTES.md session 5, dev run 11).
+  // d256 from 0.96-1.00x to 0.99-1.05x of FA2 at seqlen 1k (H200,
+  // bench/results/2026-11-30_sm80_tiles/run11_d256_abc.tsv).
   static constexpr bool kPaddedHeadDim = kPaddedHeadDim_;
   // Backward only: CTAs own dQ splits (plain adds in a fixed order) instead of accumulating dQ with atomics.
   static constexpr bool kDeterministic = kDeterministic_;

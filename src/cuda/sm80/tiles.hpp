@@ -13,12 +13,12 @@ struct FwdTiles {
 // `head_dim` is the kernel's compiled head dim (the problem's max(d, dv) rounded up to a built one); `compact`:
 // the tile for masked calls and short unmasked ones (fwd_compact). Each thread holds block_q * head_dim / threads
 // fp32 output accumulators plus block_q * block_k / threads scores. FA2's tiles (128 x 128 at d64, 128 x 64 at
-// d128 and, with 8 warps, at d256) exceed the register file a little at d64 / d128 (ptxas sm_90a, session 4:
-// 184-252 bytes of spills) and are still the fastest once the mainloop's interior blocks run without mask and
-// predication code (H200, src/cuda/NOTES.md, session 4): d128 128 x 64 is 4-9% faster than the
-// spill-free 128 x 32. Under a causal mask, where the short CTAs of the diagonal make the tail, smaller CTAs win
-// at 1k-4k: d64 keeps 128 x 64 (128 x 128: 0.97x FA2 at 1k), d256 64 x 64 with 4 warps (two CTAs per SM;
-// 128 x 64 x 8 warps: 0.89-0.96x FA2 at 1k-4k).
+// d128 and, with 8 warps, at d256) exceed the register file a little at d64 / d128 (ptxas sm_90a, bf16: 184-252
+// bytes of spills) and are still the fastest once the mainloop's interior blocks run without mask and
+// predication code (H200, bench/results/2026-11-30_sm80_tiles/run3_split_loop_fwd.tsv): d128 128 x 64 is 4-9%
+// faster than the spill-free 128 x 32. Under a causal mask, where the short CTAs of the diagonal make the tail,
+// smaller CTAs win at 1k-4k: d64 keeps 128 x 64 (128 x 128: 0.97x FA2 at 1k), d256 64 x 64 with 4 warps (two
+// CTAs per SM; 128 x 64 x 8 warps: 0.89-0.96x FA2 at 1k-4k).
 // Shared memory = (block_q + 2 * block_k) * head_dim * 2 bytes: 48 / 32 KiB (d64), 64 KiB (d128), 128 / 96 KiB
 // (d256).
 constexpr FwdTiles fwd_tiles(int head_dim, bool compact) {
@@ -30,7 +30,8 @@ constexpr FwdTiles fwd_tiles(int head_dim, bool compact) {
 // Unmasked calls with few key blocks per CTA take the compact tile above d128 as well: with one 8-warp CTA per
 // SM its prologue (Q and the first K tile) and epilogue stall the SM, while two 4-warp CTAs hide each other's.
 // d256 unmasked at 1k keys (16 blocks): 64 x 64 1.005-1.010x FA2, 128 x 64 x 8 0.99-1.00x; at 2k 128 x 64 x 8 is
-// 1.5% faster (session 5, dev run 11). d192 shares d256's tiles and this rule (not measured on its own).
+// 1.5% faster (H200, bench/results/2026-11-30_sm80_tiles/run11_d256_abc.tsv). d192 shares d256's tiles and this
+// rule (not measured on its own).
 constexpr int kShortKeys = 1024;
 // Whether unmasked calls at this compiled head dim ever take the compact tile (the launch instantiates it only then).
 constexpr bool compact_for_short_keys(int head_dim) { return head_dim > 128; }
@@ -69,7 +70,7 @@ struct BwdTiles {
 // The head-dim split of each warp grid is 16 * (warps / warps_along_rows) columns wide and must divide the
 // head dim: 96 (FLASHATTN_KERNELS=all) takes 4 x 2 grids where 64-column ones do not fit.
 // d64 takes FA2's warp grids (4 x 2 for S/dP and dQ): 6-9% faster than 2 x 4 grids, and under a causal mask
-// 128 x 128 beats 64 x 128 by 7-12% (H200, src/cuda/NOTES.md, session 4).
+// 128 x 128 beats 64 x 128 by 7-12% (H200, bench/results/2026-11-30_sm80_tiles/run1_tiles_before.tsv).
 constexpr BwdTiles bwd_tiles(int head_dim) {
   if (head_dim <= 64) return {128, 128, 8, 4, 4, 4, 2};
   if (head_dim <= 128) return {64, 128, 8, 2, 4, head_dim % 64 == 0 ? 2 : 4, 2};

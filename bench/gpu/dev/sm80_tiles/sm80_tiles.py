@@ -35,13 +35,19 @@ def main():
     libs = [load(path) for path in args.pop(0).split(",")]
     only = None
     if "--only" in args:
-        i = args.index("--only"); only = args[i + 1]; del args[i:i + 2]
+        i = args.index("--only")
+        only = args[i + 1]
+        del args[i:i + 2]
     hdims = (64, 128, 256)
     if "--hdims" in args:
-        i = args.index("--hdims"); hdims = tuple(int(x) for x in args[i + 1].split(",")); del args[i:i + 2]
+        i = args.index("--hdims")
+        hdims = tuple(int(x) for x in args[i + 1].split(","))
+        del args[i:i + 2]
     repeat = 1
     if "--repeat" in args:
-        i = args.index("--repeat"); repeat = int(args[i + 1]); del args[i:i + 2]
+        i = args.index("--repeat")
+        repeat = int(args[i + 1])
+        del args[i:i + 2]
     seqlens = [int(s) for s in args] or [1024, 2048, 4096, 8192, 16384]
     variants = [dict(id=i, lib=lib, name=(f"{n}:" if len(libs) > 1 else "") + lib.v_name(i).decode(),
                      bwd=lib.v_backward(i), d=lib.v_head_dim(i), causal=lib.v_causal(i))
@@ -78,11 +84,12 @@ def main():
                         for var in group:
                             out = torch.full_like(q, float("nan"))
                             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-                            call = lambda: var["lib"].v_fwd(var["id"], q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                                     lse.data_ptr(), b, s, h, d, stream)
+                            call = lambda: var["lib"].v_fwd(var["id"], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                            out.data_ptr(), lse.data_ptr(), b, s, h, d, stream)
                             rc = call()
                             if rc != 0:
-                                rows.append((var["name"], float("nan"), float(rc))); continue
+                                rows.append((var["name"], float("nan"), float(rc)))
+                                continue
                             diff = (out.float() - ref.float()).abs().max().item()
                             rows.append((var["name"], do_bench(call, warmup=25, rep=100, return_mode="median"), diff))
                     else:
@@ -93,27 +100,30 @@ def main():
                         rows.append(("flash2", base, 0.0))
                         out = torch.empty_like(q)
                         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-                        fwd_of["lib"].v_fwd(fwd_of["id"], q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                                  b, s, h, d, stream)
+                        fwd_of["lib"].v_fwd(fwd_of["id"], q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                            lse.data_ptr(), b, s, h, d, stream)
                         dsum = torch.empty(h * b * s, device="cuda", dtype=torch.float32)
                         for var in group:
-                            dq_acc = torch.empty(var["lib"].v_dq_floats(var["id"], b, s, h, d), device="cuda", dtype=torch.float32)
+                            dq_floats = var["lib"].v_dq_floats(var["id"], b, s, h, d)
+                            dq_acc = torch.empty(dq_floats, device="cuda", dtype=torch.float32)
                             grads = [torch.full_like(q, float("nan")) for _ in range(3)]
-                            call = lambda: var["lib"].v_bwd(var["id"], q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                                     lse.data_ptr(), do.data_ptr(), grads[0].data_ptr(),
-                                                     grads[1].data_ptr(), grads[2].data_ptr(), dsum.data_ptr(),
-                                                     dq_acc.data_ptr(), b, s, h, d, stream)
+                            call = lambda: var["lib"].v_bwd(var["id"], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                            out.data_ptr(), lse.data_ptr(), do.data_ptr(),
+                                                            grads[0].data_ptr(), grads[1].data_ptr(),
+                                                            grads[2].data_ptr(), dsum.data_ptr(),
+                                                            dq_acc.data_ptr(), b, s, h, d, stream)
                             rc = call()
                             if rc != 0:
-                                rows.append((var["name"], float("nan"), float(rc))); continue
+                                rows.append((var["name"], float("nan"), float(rc)))
+                                continue
                             diff = max((g.float() - r.float()).abs().max().item() for g, r in zip(grads, ref))
                             rows.append((var["name"], do_bench(call, warmup=25, rep=100, return_mode="median"), diff))
                             del grads
                             del dq_acc
                     for name, ms, diff in rows:
-                        print(f"{kind}\t{d}\t{causal}\t{s}\t{name}\t{ms:.4f}\t{flops / ms / 1e9:.1f}\t{base / ms:.3f}\t{diff:.3e}",
-                              flush=True)
-                    del q, k, v, do, qt, kt, vt, o, ref
+                        print(f"{kind}\t{d}\t{causal}\t{s}\t{name}\t{ms:.4f}\t{flops / ms / 1e9:.1f}\t"
+                              f"{base / ms:.3f}\t{diff:.3e}", flush=True)
+                    q = k = v = do = qt = kt = vt = o = ref = None  # free them before the next shape
                     torch.cuda.empty_cache()
 
 

@@ -1,4 +1,6 @@
-"""A stand-in `flashattn` for testing the harness itself (run.sh --mock): flash_attn 2.x's two entry points
+"""A stand-in for `flashattn` for testing the harness itself (run.sh --mock, which puts bench/gpu/mock on
+PYTHONPATH and sets FLASHATTN_BENCH_PACKAGE=flashattn_mock; its own name keeps it from shadowing the real
+package): flash_attn 2.x's two entry points
 computed by the harness's own plain low-precision torch implementation (common.attention). It passes the
 correctness rule by construction (its error is the plain implementation's), so a run with it shows that
 every step of the harness works end to end; its numbers say nothing about our kernels. Never installed.
