@@ -20,6 +20,7 @@ std::string Case::name() const {
   if (window_left >= 0 || window_right >= 0) s << " win(" << window_left << "," << window_right << ")";
   if (softcap > 0) s << " softcap" << softcap;
   if (alibi) s << " alibi";
+  if (sinks) s << " sinks";
   if (varlen()) s << " varlen";
   if (!seqused_k.empty()) s << " seqused";
   if (head_pad) s << " strided";
@@ -79,6 +80,9 @@ Problem::Problem(const Case& c_) : c(c_) {
   poison(&dv, size_t(total_k * c.heads_kv * hs_v) * e);
   lse.assign(size_t(c.heads_q * total_q), std::nanf(""));
   for (int64_t h = 0; h < c.heads_q; ++h) alibi.push_back(float(std::pow(2.0, -8.0 * double(h + 1) / double(c.heads_q))));
+  // Sink logits around the rows' LSEs (a few units for these unit-variance inputs): each matters, none dominates.
+  for (int64_t h = 0; h < c.heads_q; ++h) sinks.push_back(float(-1.0 + 5.0 * double(h) / double(c.heads_q)));
+  dsinks.assign(size_t(c.heads_q), std::nanf(""));
 }
 
 fa_tensor Problem::qkv_tensor(const std::vector<uint8_t>& buf, bool key_rows, int64_t heads, int64_t dim) const {
@@ -121,6 +125,7 @@ FwdParams Problem::fwd() const {
   a.window_right = c.window_right;
   a.softcap = c.softcap;
   if (c.alibi) a.alibi_slopes = make_tensor(const_cast<float*>(alibi.data()), FA_FLOAT32, {c.heads_q});
+  if (c.sinks) a.sinks = make_tensor(const_cast<float*>(sinks.data()), FA_FLOAT32, {c.heads_q});
   p.out = qkv_tensor(out, false, c.heads_q, c.dv());
   if (c.lse) {
     p.lse = c.varlen() ? make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.heads_q, total_q})
@@ -140,6 +145,7 @@ BwdParams Problem::bwd() const {
   p.dq = qkv_tensor(dq, false, c.heads_q, c.head_dim);
   p.dk = qkv_tensor(dk, true, c.heads_kv, c.head_dim);
   p.dv = qkv_tensor(dv, true, c.heads_kv, c.dv());
+  if (c.sinks) p.dsinks = make_tensor(const_cast<float*>(dsinks.data()), FA_FLOAT32, {c.heads_q});
   return p;
 }
 
@@ -158,7 +164,7 @@ detail::Problem Problem::view() const {
   const detail::Requirements req{0, 1, true, "reference"};
   detail::Error e = detail::validate(p.attn, p.out, p.lse, &p.dout, &p.dq, &p.dk, &p.dv, detail::Direction::kBackward,
                                      req, c.varlen() ? cu_q.data() : nullptr, c.varlen() ? cu_k.data() : nullptr,
-                                     used_k.empty() ? nullptr : used_k.data(), &out_problem);
+                                     used_k.empty() ? nullptr : used_k.data(), &out_problem, &p.dsinks);
   if (!e.ok()) throw std::runtime_error("test problem invalid: " + e.message);
   return out_problem;
 }
@@ -216,6 +222,8 @@ Accuracy Problem::check_backward() const {
         }
       }
   }
+  for (int64_t h = 0; c.sinks && h < p.heads_q; ++h)
+    acc.dsinks.add(dsinks[size_t(h)], exact.dsinks[size_t(h)], plain.dsinks[size_t(h)]);
   return acc;
 }
 
@@ -234,6 +242,7 @@ void expect_matches_reference(const Case& c, bool backward) {
   EXPECT_TRUE(g.dq.passed()) << "dq: " << g.dq.summary();
   EXPECT_TRUE(g.dk.passed()) << "dk: " << g.dk.summary();
   EXPECT_TRUE(g.dv.passed()) << "dv: " << g.dv.summary();
+  if (c.sinks) EXPECT_TRUE(g.dsinks.passed()) << "dsinks: " << g.dsinks.summary();
 }
 
 }  // namespace flashattn::testing

@@ -19,6 +19,7 @@ struct Case {
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.f;
   bool alibi = false;
+  bool sinks = false;  // learnable sink logits (and their gradient in the backward)
   std::vector<int32_t> varlen_q, varlen_k;  // per-sequence lengths: varlen when non-empty
   std::vector<int32_t> seqused_k;           // optional
   bool lse = true;
@@ -32,8 +33,8 @@ struct Case {
 };
 
 struct Accuracy {
-  reference::Comparison out, lse, dq, dk, dv;
-  explicit Accuracy(fa_dtype t) : out(t), lse(FA_FLOAT32), dq(t), dk(t), dv(t) {}
+  reference::Comparison out, lse, dq, dk, dv, dsinks;
+  explicit Accuracy(fa_dtype t) : out(t), lse(FA_FLOAT32), dq(t), dk(t), dv(t), dsinks(t) {}
 };
 
 // Host tensors of one case. Storage stays alive as long as the object.
@@ -54,7 +55,7 @@ class Problem {
 
   const Case c;
   std::vector<uint8_t> q, k, v, out, dout, dq, dk, dv;
-  std::vector<float> lse, alibi;
+  std::vector<float> lse, alibi, sinks, dsinks;
   std::vector<int32_t> cu_q, cu_k, used_k;
   int64_t total_q = 0, total_k = 0, max_q = 0, max_k = 0;
 

@@ -63,6 +63,30 @@ TEST(CpuBackward, GqaWindowsSoftcapAlibi) {
   expect_backward_matches(a);
 }
 
+// Learnable sinks: forward and backward (dq, dk, dv, dsinks) against the reference; bottom-right causal with more
+// queries than keys leaves rows with no visible key (out 0, lse = the sink, no gradient but the sink's).
+TEST(CpuBackward, Sinks) {
+  for (fa_dtype t : {FA_FLOAT32, FA_BFLOAT16}) {
+    Case c = with_lengths(130, 90);
+    c.dtype = t;
+    c.sinks = true;
+    c.heads_q = 4;
+    expect_backward_matches(c);
+    c.causal = true;
+    expect_backward_matches(c);
+    c.causal = false;
+    c.window_left = 20, c.window_right = 2, c.softcap = 3.f, c.heads_kv = 1;
+    expect_backward_matches(c);
+    Case v;
+    v.varlen_q = {5, 0, 40};
+    v.varlen_k = {70, 6, 1};
+    v.dtype = t;
+    v.sinks = true;
+    v.causal = true;
+    expect_backward_matches(v);
+  }
+}
+
 TEST(CpuBackward, VarlenSequsedStrides) {
   Case c;
   c.varlen_q = {177, 3, 1, 40};

@@ -15,6 +15,10 @@
  *   The window keeps i + off - window_left <= j <= i + off + window_right (-1 = unbounded side);
  *   causal is window_right = 0.
  * A query row with no visible key has out = 0 and lse = -inf. NaN inputs propagate to the rows they touch.
+ * Learnable sinks (attn.sinks, one logit sink_h per query head) join every row's softmax denominator:
+ *   out_i = sum_j e^{s_ij} v_j / (e^{sink_h} + sum_j e^{s_ij}),  lse_i = log(e^{sink_h} + sum_j e^{s_ij});
+ * a row with no visible key then has out = 0 and lse = sink_h. The backward writes dsinks (optional):
+ *   dsink_h = -sum_{b,i} e^{sink_h - lse_i} * <dout_i, out_i>.
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H
@@ -62,7 +66,9 @@ typedef enum fa_backend {
 typedef struct fa_attention {
   fa_tensor q, k, v;
   fa_tensor cu_seqlens_q, cu_seqlens_k; /* int32 (B+1); both present (varlen) or both absent */
-  fa_tensor seqused_k;                  /* optional int32 (B): keys actually used per sequence */
+  fa_tensor seqused_k;                  /* optional int32 (B): keys actually used per sequence. CPU: each entry
+                                           must be in [0, keys of that sequence]; CUDA: not read on the host
+                                           (no synchronisation, graph-capturable), entries clamped to that range */
   int64_t max_seqlen_q, max_seqlen_k;   /* varlen only: upper bounds of the per-sequence lengths */
   int has_softmax_scale;                /* 0: scale = 1/sqrt(head_dim) */
   float softmax_scale;
@@ -72,6 +78,7 @@ typedef struct fa_attention {
   float softcap;                     /* 0 = off */
   fa_tensor alibi_slopes;            /* optional float32 (Hq) or (B, Hq) */
   float dropout_p;                   /* reserved: must be 0 until dropout is built */
+  fa_tensor sinks;                   /* optional float32 (Hq): learnable sink logits (see Semantics) */
 } fa_attention;
 
 /* How to run it. */
@@ -96,6 +103,7 @@ typedef struct fa_bwd_params {
   fa_attention attn;
   fa_tensor out, lse, dout; /* out and lse as written by the forward */
   fa_tensor dq, dk, dv;
+  fa_tensor dsinks; /* optional float32 (Hq), written: the gradient of attn.sinks (needs attn.sinks) */
 } fa_bwd_params;
 
 /* Defaults: no tensors, no mask, default scale, bottom-right alignment, unbounded window. */

@@ -65,49 +65,54 @@ def _call(fn, q: Tensor, *args, **kwargs):
 
 
 def _attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
-                 window_left, window_right, softcap, alibi_slopes, dropout_p):
+                 window_left, window_right, softcap, alibi_slopes, dropout_p, sinks):
     return dict(cu_seqlens_q=_dl(cu_seqlens_q), cu_seqlens_k=_dl(cu_seqlens_k), seqused_k=_dl(seqused_k),
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
                 causal_alignment=ALIGN_TOP_LEFT if top_left else ALIGN_BOTTOM_RIGHT, window_left=window_left,
-                window_right=window_right, softcap=softcap, alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p)
+                window_right=window_right, softcap=softcap, alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p,
+                sinks=_dl(sinks))
 
 
 def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic):
+              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks):
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
     _call(_C.forward, q, _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse),
           **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p))
+                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks))
     return out, lse
 
 
 def _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
               softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-              deterministic):
+              deterministic, sinks):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # Without sinks an empty tensor stands for the absent gradient (a custom op returns tensors only).
+    dsinks = torch.empty((0,) if sinks is None else sinks.shape, dtype=torch.float32, device=q.device)
     _call(_C.backward, q, _dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
-          deterministic=deterministic,
+          deterministic=deterministic, dsinks=None if sinks is None else _dl(dsinks),
           **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p))
-    return dq, dk, dv
+                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks))
+    return dq, dk, dv, dsinks
 
 
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
 def _fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
          seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
          causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
-         alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
+         alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool,
+         sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic)
+                     causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic,
+                     sinks)
 
 
 @_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic):
+              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks):
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     return q.new_empty(q.shape[:-1] + v.shape[-1:]), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
@@ -116,30 +121,31 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
          cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
          softmax_scale: Optional[float], causal: bool, top_left: bool, window_left: int, window_right: int,
-         softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
-         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+         softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool,
+         sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                     deterministic)
+                     deterministic, sinks)
 
 
 @_bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
               softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-              deterministic):
+              deterministic, sinks):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
-            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+            torch.empty(v.shape, dtype=v.dtype, device=v.device),
+            torch.empty((0,) if sinks is None else sinks.shape, dtype=torch.float32, device=q.device))
 
 
 # The forward op's argument count: backward returns one gradient (or None) for each.
-_N_FWD_INPUTS = 17
+_N_FWD_INPUTS = 18
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
-     window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic) = inputs
+     window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks)
     ctx.attrs = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap)
     ctx.dropout_p = dropout_p
     ctx.deterministic = deterministic
@@ -148,16 +154,16 @@ def _setup_context(ctx, inputs, output):
 def _gradients(bwd, ctx, grad_out):
     # lse is returned for inspection (return_attn_probs) and is not differentiable, as in flash_attn:
     # its gradient is ignored.
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap) = ctx.attrs
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     elif grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()  # e.g. the expanded gradient of a sum
-    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes,
-                     ctx.dropout_p, ctx.deterministic)
-    return (dq, dk, dv) + (None,) * (_N_FWD_INPUTS - 3)
+    dq, dk, dv, dsinks = bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                             max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap,
+                             alibi_slopes, ctx.dropout_p, ctx.deterministic, sinks)
+    return (dq, dk, dv) + (None,) * (_N_FWD_INPUTS - 4) + (None if sinks is None else dsinks,)
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -214,7 +220,7 @@ def _pad_head_dim(t: Tensor) -> Tensor:
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-               causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment):
+               causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment, learnable_sink=None):
     left, right = window_pair(window_size)
     top_left = causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
@@ -223,10 +229,12 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
     q, k, v = (_kernel_layout(_pad_head_dim(t)) for t in (q, k, v))
     inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
               int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale), bool(causal), top_left,
-              left, right, float(softcap), alibi_slopes, float(dropout_p), bool(deterministic))
+              left, right, float(softcap), alibi_slopes, float(dropout_p), bool(deterministic),
+              None if learnable_sink is None else learnable_sink.float().contiguous())
     if torch.compiler.is_compiling():
         out, lse = _fwd(*inputs)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                      (learnable_sink is not None and learnable_sink.requires_grad)):
         out, lse = _EagerAttention.apply(*inputs)
     else:
         out, lse = _fwd_impl(*inputs)
@@ -245,14 +253,16 @@ def _no_block_table(block_table):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                    causal_alignment="bottom_right"):
+                    causal_alignment="bottom_right", learnable_sink=None):
     """Attention of q (B, Sq, Hq, D) against k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns out (B, Sq, Hq, Dv).
 
-    As flash_attn.flash_attn_func. Extension: ``causal_alignment`` "bottom_right" (default, flash_attn >= 2.1)
-    or "top_left". With return_attn_probs, returns (out, softmax_lse (B, Hq, Sq) float32, None).
+    As flash_attn.flash_attn_func. Extensions: ``causal_alignment`` "bottom_right" (default, flash_attn >= 2.1)
+    or "top_left"; ``learnable_sink`` (Hq): a sink logit per query head in every row's softmax denominator
+    (gpt-oss; FlashAttention-4's keyword), differentiable. With return_attn_probs, returns (out, softmax_lse
+    (B, Hq, Sq) float32, None).
     """
     out, lse = _attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
-                          alibi_slopes, deterministic, causal_alignment)
+                          alibi_slopes, deterministic, causal_alignment, learnable_sink)
     return _result(out, lse, return_attn_probs)
 
 
@@ -275,7 +285,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
-                           causal_alignment="bottom_right", seqused_k=None):
+                           causal_alignment="bottom_right", seqused_k=None, learnable_sink=None):
     """Variable-length batch: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), int32 cu_seqlens (B + 1).
 
     As flash_attn.flash_attn_varlen_func (block_table is not supported). Extensions: ``causal_alignment``,
@@ -284,7 +294,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     _no_block_table(block_table)
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                          softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment)
+                          softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment,
+                          learnable_sink)
     return _result(out, lse, return_attn_probs)
 
 

@@ -18,7 +18,7 @@ cache (no synchronisation, capturable).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -79,7 +79,7 @@ def flash_attn_with_kvcache(
     v: Optional[Tensor] = None,
     rotary_cos: Optional[Tensor] = None,
     rotary_sin: Optional[Tensor] = None,
-    cache_seqlens: Optional[Union[int, Tensor]] = None,
+    cache_seqlens: Optional[int | Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None,
     cache_leftpad: Optional[Tensor] = None,
     block_table: Optional[Tensor] = None,

@@ -56,7 +56,7 @@ Error host_int32(const fa_tensor& t, const fa_exec& exec, std::vector<int32_t>* 
 
 Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse, const fa_tensor* dout,
               const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir, const fa_exec& exec,
-              const Backend** backend, Problem* problem) {
+              const Backend** backend, Problem* problem, const fa_tensor* dsinks = nullptr) {
   if (Error e = pick_backend(a.q, exec, backend); !e.ok()) return e;
   if (exec.num_threads < 0) return invalid("exec.num_threads", "must be >= 0, 0 = all hardware threads");
   if (exec.num_splits < 0) return invalid("exec.num_splits", "must be >= 0, 0 = the plan picks, 1 = no split-KV");
@@ -73,7 +73,7 @@ Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse,
   // seqused_k is read for CPU calls only (validate.cpp: the CUDA kernels clamp its entries).
   if (a.q.device == FA_DEVICE_CPU)
     if (Error e = read(a.seqused_k, &used, &hu); !e.ok()) return e;
-  return validate(a, out, lse, dout, dq, dk, dv, dir, (*backend)->requirements, hq, hk, hu, problem);
+  return validate(a, out, lse, dout, dq, dk, dv, dir, (*backend)->requirements, hq, hk, hu, problem, dsinks);
 }
 
 }  // namespace
@@ -120,7 +120,7 @@ fa_status fa_backward(const fa_bwd_params* params, const fa_exec* exec) {
   const Backend* backend = nullptr;
   Problem problem;
   if (Error e = prepare(params->attn, params->out, params->lse, &params->dout, &params->dq, &params->dk, &params->dv,
-                        Direction::kBackward, x, &backend, &problem);
+                        Direction::kBackward, x, &backend, &problem, &params->dsinks);
       !e.ok())
     return record(e);
   if (backend->backward == nullptr)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -73,6 +74,8 @@ struct Problem {
   int64_t window_left = -1, window_right = -1;  // causal folded in: window_right == 0
   const float* alibi = nullptr;
   int64_t alibi_batch_stride = 0;
+  const float* sinks = nullptr;  // learnable sink logit per query head (flashattn.h, Semantics)
+  float* dsinks = nullptr;       // backward: their gradient (optional)
 
   int64_t group() const { return heads_q / heads_kv; }
   int64_t q_start(int64_t b) const { return varlen ? host_cu_q[b] : 0; }
@@ -90,6 +93,8 @@ struct Problem {
     return (int64_t(l.by_key ? host_cu_k[b] : host_cu_q[b]) + r) * l.row + h * l.head;
   }
   float alibi_slope(int64_t b, int64_t h) const { return alibi ? alibi[b * alibi_batch_stride + h] : 0.f; }
+  // The sink logit of query head h; -inf (no sink) without sinks.
+  float sink(int64_t h) const { return sinks ? sinks[h] : -std::numeric_limits<float>::infinity(); }
 };
 
 // Key range [lo, hi) visible to query row i of a sequence with (len_q, len_k); empty when lo >= hi.
@@ -115,6 +120,6 @@ enum class Direction { kForward, kBackward };
 Error validate(const fa_attention& attn, const fa_tensor& out, const fa_tensor& lse, const fa_tensor* dout,
                const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir,
                const Requirements& req, const int32_t* host_cu_q, const int32_t* host_cu_k,
-               const int32_t* host_used_k, Problem* problem);
+               const int32_t* host_used_k, Problem* problem, const fa_tensor* dsinks = nullptr);
 
 }  // namespace flashattn::detail

@@ -145,7 +145,7 @@ Error check_cu_seqlens(const char* name, const fa_tensor& t, const fa_tensor& q,
 Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse, const fa_tensor* dout,
                const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir,
                const Requirements& req, const int32_t* host_cu_q, const int32_t* host_cu_k,
-               const int32_t* host_used_k, Problem* p) {
+               const int32_t* host_used_k, Problem* p, const fa_tensor* dsinks) {
   *p = Problem{};
   const bool has_cu_q = a.cu_seqlens_q.data != nullptr, has_cu_k = a.cu_seqlens_k.data != nullptr;
   if (has_cu_q != has_cu_k)
@@ -284,6 +284,13 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     }
     p->alibi = static_cast<const float*>(s.data);
   }
+  if (a.sinks.data != nullptr) {
+    const Requirements plain{0, 1, true, req.name};
+    if (Error e = check_tensor("sinks", a.sinks, 1, a.q, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("sinks", a.sinks, FA_FLOAT32, "(one sink logit per query head)"); !e.ok()) return e;
+    if (Error e = check_shape("sinks", a.sinks, {p->heads_q}); !e.ok()) return e;
+    p->sinks = static_cast<const float*>(a.sinks.data);
+  }
 
   // Outputs.
   const int64_t rows_q = varlen ? p->total_q : p->seqlen_q;
@@ -339,6 +346,15 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     p->dq_layout = layout_of(*dq, varlen, false);
     p->dk_layout = layout_of(*dk, varlen, true);
     p->dv_layout = layout_of(*dv, varlen, true);
+  }
+  if (dsinks != nullptr && dsinks->data != nullptr) {
+    if (dir != Direction::kBackward) return invalid("dsinks", "is a backward output");
+    if (p->sinks == nullptr) return invalid("dsinks", "needs attn.sinks (the gradient of the sink logits)");
+    const Requirements plain{0, 1, true, req.name};
+    if (Error e = check_tensor("dsinks", *dsinks, 1, a.q, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("dsinks", *dsinks, FA_FLOAT32, "(like sinks)"); !e.ok()) return e;
+    if (Error e = check_shape("dsinks", *dsinks, {p->heads_q}); !e.ok()) return e;
+    p->dsinks = static_cast<float*>(dsinks->data);
   }
   return ok();
 }

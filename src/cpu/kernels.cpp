@@ -242,14 +242,22 @@ Error forward_impl(const Problem& p, int threads) {
       }
       using S = Storage<T>;
       auto* out = static_cast<typename S::type*>(p.out);
+      const float sink = p.sink(h);
       for (int r = 0; r < rows; ++r) {
         const float lr = l.data()[r], mr = m.data()[r];
         // l == 0 only when no key was visible (m stays -inf): out = 0, lse = -inf. A NaN l keeps NaN.
-        const float inv = lr > 0.f ? 1.f / lr : (lr == 0.f ? 0.f : lr);
+        float inv = lr > 0.f ? 1.f / lr : (lr == 0.f ? 0.f : lr);
+        float lse = lr > 0.f ? mr + std::log(lr) : (lr == 0.f ? kNegInf : lr);
+        if (sink != kNegInf) {
+          // The sink joins the denominator: lse' = log(e^lse + e^sink), out scaled by e^(lse - lse').
+          const float merged = lse == kNegInf ? sink : std::max(lse, sink) + std::log1p(std::exp(-std::fabs(lse - sink)));
+          if (lr > 0.f) inv *= std::exp(lse - merged);
+          lse = merged;
+        }
         const float* orow = o.data() + int64_t(r) * dm.dvp;
         auto* dst = out + p.offset(p.out_layout, b, i0 + r, h);
         for (int c = 0; c < dm.dv; ++c) dst[c] = S::store(orow[c] * inv);
-        if (p.lse) p.lse[p.offset(p.lse_layout, b, i0 + r, h)] = lr > 0.f ? mr + std::log(lr) : (lr == 0.f ? kNegInf : lr);
+        if (p.lse) p.lse[p.offset(p.lse_layout, b, i0 + r, h)] = lse;
       }
     }
   }
@@ -298,6 +306,20 @@ Error backward_impl(const Problem& p, int threads) {
         D.data()[h * tq + qrow(b, r)] = acc;
         lse.data()[h * tq + qrow(b, r)] = p.lse[p.offset(p.lse_layout, b, r, h)];
       }
+  }
+  // dsink_h = -sum over rows of e^(sink_h - lse) * D (the sink's probability with dP = 0), in a fixed order.
+  if (p.dsinks != nullptr) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t h = 0; h < H; ++h) {
+      double acc = 0.0;
+      const float sink = p.sink(h);
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t r = 0; r < p.len_q(b); ++r) {
+          const float l = lse.data()[h * tq + qrow(b, r)];
+          if (l != kNegInf) acc += std::exp(double(sink) - double(l)) * double(D.data()[h * tq + qrow(b, r)]);
+        }
+      p.dsinks[h] = float(-acc);
+    }
   }
 
   const int64_t ntasks = p.batch * H * chunks;

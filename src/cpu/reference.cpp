@@ -111,10 +111,11 @@ void logits(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, int64_t 
   }
 }
 
-// Softmax of one row in place; returns the LSE (-inf when nothing is visible, the row then all 0).
-double softmax(std::vector<double>* s) {
-  double m = kNegInf;
-  bool nan = false;
+// Softmax of one row in place, with the sink logit (-inf: none) in the denominator; returns the LSE (-inf when
+// nothing is visible and there is no sink, the row then all 0).
+double softmax(std::vector<double>* s, double sink) {
+  double m = std::isnan(sink) ? kNegInf : sink;
+  bool nan = std::isnan(sink);
   for (double x : *s) {
     nan |= std::isnan(x);
     m = std::max(m, x);
@@ -127,7 +128,7 @@ double softmax(std::vector<double>* s) {
     for (double& x : *s) x = 0;
     return kNegInf;
   }
-  double l = 0;
+  double l = sink == kNegInf ? 0.0 : std::exp(sink - m);
   for (double& x : *s) {
     x = std::exp(x - m);
     l += x;
@@ -142,7 +143,7 @@ void forward_row(const Problem& p, Rounding rounding, int64_t b, int64_t h, int6
   const Rounder rnd{p.dtype, rounding == Rounding::kStorage};
   std::vector<double> s, th;
   logits(p, rnd, b, h, i, &s, &th);
-  *lse = softmax(&s);
+  *lse = softmax(&s, p.sink(h));
   const int64_t hk = h / p.group();
   for (int64_t c = 0; c < p.head_dim_v; ++c) {
     double acc = 0;
@@ -171,7 +172,8 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
   const int64_t hk = h / p.group(), d = p.head_dim, dv = p.head_dim_v;
   std::vector<double> s, th;
   logits(p, rnd, b, h, i, &s, &th);
-  softmax(&s);
+  const double sink = p.sink(h);
+  const double lse = softmax(&s, sink);
   for (double& x : s) x = rnd(x);
   const size_t n = s.size();
   std::vector<double> dP(n);
@@ -183,6 +185,8 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
     dP[j] = rnd(acc);
     D += s[j] * dP[j];
   }
+  // The sink's probability e^{sink - lse} carries dP = 0 (it adds nothing to out): dsink = -P_sink * D.
+  if (g && sink != kNegInf && lse != kNegInf) g->dsinks[size_t(h)] -= std::exp(sink - lse) * D;
   for (int64_t c = 0; c < d; ++c) dq_row[c] = 0;
   for (size_t j = 0; j < n; ++j) {
     if (s[j] == 0) continue;  // masked or underflowed: no gradient (keeps -inf logits out of the sums)
@@ -213,6 +217,7 @@ void backward(const Problem& p, Rounding rounding, Grads* g) {
   g->dq.assign(size_t(p.heads_q * p.total_q * d), 0.0);
   g->dk.assign(size_t(p.heads_kv * p.total_k * d), 0.0);
   g->dv.assign(size_t(p.heads_kv * p.total_k * dv), 0.0);
+  g->dsinks.assign(size_t(p.heads_q), 0.0);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.len_q(b); ++i)

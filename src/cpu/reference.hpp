@@ -22,6 +22,7 @@ struct Grads {
   std::vector<double> dq;  // [heads_q][rows_q][head_dim]
   std::vector<double> dk;  // [heads_kv][rows_k][head_dim]
   std::vector<double> dv;  // [heads_kv][rows_k][head_dim_v]
+  std::vector<double> dsinks;  // [heads_q] (zeros without sinks)
 };
 
 void forward(const detail::Problem& p, Rounding rounding, Forward* result);

@@ -35,9 +35,10 @@ namespace {
 // Device pointers every launch reads or writes: checked once here for both families.
 detail::Error check_pointers(const detail::Problem& p, bool backward) {
   const std::pair<const char*, const void*> forward_tensors[] = {{"q", p.q},     {"k", p.k},     {"v", p.v},
-                                                                 {"out", p.out}, {"lse", p.lse}, {"alibi_slopes", p.alibi}};
+                                                                 {"out", p.out}, {"lse", p.lse}, {"alibi_slopes", p.alibi},
+                                                                 {"sinks", p.sinks}};
   const std::pair<const char*, const void*> backward_tensors[] = {
-      {"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}};
+      {"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}, {"dsinks", p.dsinks}};
   for (const auto& [name, ptr] : forward_tensors)
     if (detail::Error e = check_device_pointer(name, ptr, p.device_index); !e.ok()) return e;
   if (backward)

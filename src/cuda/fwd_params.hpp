@@ -48,6 +48,7 @@ struct FwdParams {
 
   const float* alibi = nullptr;  // slopes, (Hq) or (B, Hq)
   int64_t alibi_batch_stride = 0;
+  const float* sinks = nullptr;  // learnable sink logit per query head (natural-log units), optional
 
   // Split-KV (sm90): each tile's key blocks divided into num_splits consecutive ranges, one CTA tile each; with
   // num_splits > 1 the epilogue writes normalised fp32 O and LSE partials (SplitPartials) instead of out/lse, and

@@ -67,6 +67,7 @@ FwdParams make_fwd_params(const detail::Problem& p) {
   k.window_right = int(p.window_right);
   k.alibi = p.alibi;
   k.alibi_batch_stride = p.alibi_batch_stride;
+  k.sinks = p.sinks;
   return k;
 }
 

@@ -79,6 +79,12 @@ void run_case(const Case& c) {
         }
     }
   }
+  std::vector<float> sink_logits;
+  if (c.sinks) {
+    std::uniform_real_distribution<float> u(-2.f, 4.f);
+    sink_logits.resize(size_t(c.hq));
+    for (auto& s : sink_logits) s = u(rng);
+  }
   std::vector<float> slopes;
   if (c.alibi) {
     std::uniform_real_distribution<float> u(0.05f, 0.5f);
@@ -87,13 +93,14 @@ void run_case(const Case& c) {
   }
 
   DeviceBuffer<uint16_t> dq(nq), dk(nk), dv(nv), dout(no);
-  DeviceBuffer<float> dlse(nl), dslopes(slopes.size());
+  DeviceBuffer<float> dlse(nl), dslopes(slopes.size()), dsinks(sink_logits.size());
   DeviceBuffer<int32_t> dcu_q(cu_q.size()), dcu_k(cu_k.size()), dused(c.used_k.size());
   ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
   dq.upload(hq);
   dk.upload(hk);
   dv.upload(hv);
   if (!slopes.empty()) dslopes.upload(slopes);
+  if (!sink_logits.empty()) dsinks.upload(sink_logits);
   if (varlen) {
     dcu_q.upload(cu_q);
     dcu_k.upload(cu_k);
@@ -105,7 +112,7 @@ void run_case(const Case& c) {
   ASSERT_EQ(cudaMemset(dlse.ptr, 0xff, nl * sizeof(float)), cudaSuccess);
 
   auto make_params = [&](fa_device dev, void* q, void* k, void* v, void* out, void* lse, void* cuq, void* cuk,
-                         void* usedk, void* sl) {
+                         void* usedk, void* sl, void* sinks) {
     fa_fwd_params p{};
     p.attn = fa_attention_default();
     p.attn.q = view(q, c.dtype, dev, varlen, batch, rows_q, c.hq, c.d, pad);
@@ -129,6 +136,7 @@ void run_case(const Case& c) {
     p.attn.window_left = c.wl;
     p.attn.window_right = c.wr;
     p.attn.softcap = c.softcap;
+    if (c.sinks) p.attn.sinks = fa_make_tensor(sinks, FA_FLOAT32, dev, 1, &c.hq);
     if (c.alibi == 1) p.attn.alibi_slopes = fa_make_tensor(sl, FA_FLOAT32, dev, 1, &c.hq);
     if (c.alibi == 2) {
       int64_t s[2] = {batch, c.hq};
@@ -138,7 +146,7 @@ void run_case(const Case& c) {
   };
 
   fa_fwd_params gp = make_params(FA_DEVICE_CUDA, dq.ptr, dk.ptr, dv.ptr, dout.ptr, dlse.ptr, dcu_q.ptr, dcu_k.ptr,
-                                 dused.ptr, dslopes.ptr);
+                                 dused.ptr, dslopes.ptr, dsinks.ptr);
   fa_exec exec = fa_exec_default();
   exec.backend = c.backend;
   exec.num_splits = c.num_splits;
@@ -155,7 +163,7 @@ void run_case(const Case& c) {
   std::vector<uint16_t> host_out(no);
   std::vector<float> host_lse(nl);
   fa_fwd_params hp = make_params(FA_DEVICE_CPU, hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(),
-                                 cu_q.data(), cu_k.data(), used.data(), slopes.data());
+                                 cu_q.data(), cu_k.data(), used.data(), slopes.data(), sink_logits.data());
   Problem prob;
   const flashattn::detail::Requirements cpu_req{0, 1, true, "cpu"};
   auto e = flashattn::detail::validate(hp.attn, hp.out, hp.lse, nullptr, nullptr, nullptr, nullptr,
@@ -355,6 +363,17 @@ std::vector<Case> forward_cases() {
     v.lens_q = {1, 5, 130, 0}; v.lens_k = {1000, 1, 900, 9};
     v.name = "split4_varlen_causal"; add(v);
     v.name = "split4_varlen_dv64"; v.causal = false; v.dv = 64; add(v);
+  }
+  {  // learnable sinks: in the softmax's finish (both families), in the combine under split-KV, per row of a
+     // packed tile (rows of several heads); rows with no visible key get lse = sink
+    Case c; c.sq = 130, c.sk = 90, c.d = c.dv = 64; c.hq = 4, c.hkv = 2; c.sinks = true; c.causal = true;
+    c.name = "sinks_causal_empty_rows"; add(c);
+    c.name = "sinks_window_softcap_d128"; c.causal = false; c.wl = 20, c.wr = 3; c.softcap = 4.f; c.d = c.dv = 128; add(c);
+    Case g; g.sq = 3, g.sk = 2000, g.hq = 16, g.hkv = 2, g.d = g.dv = 128; g.sinks = true;
+    g.name = "sinks_packed_decode_split"; add(g);
+    g.name = "sinks_packed_decode_unsplit"; g.num_splits = 1; add(g);
+    Case v; v.hq = 4, v.hkv = 4, v.d = v.dv = 64; v.sinks = true; v.lens_q = {5, 0, 40}; v.lens_k = {300, 7, 1};
+    v.name = "sinks_varlen_split3"; v.num_splits = 3; v.causal = true; add(v);
   }
   {  // more tiles than SMs: persistent CTAs walk several tiles (Q reloads, pipeline phases across tiles)
     Case c; c.batch = 2, c.hq = 8, c.hkv = 2, c.sq = 2000, c.sk = 2100, c.d = c.dv = 128;

@@ -51,6 +51,7 @@ struct Case {
   bool deterministic = false;        // backward: bit-identical reruns, no atomics
   fa_backend backend = FA_BACKEND_AUTO;  // forward: which CUDA backend runs the case
   int num_splits = 0;                    // forward: exec.num_splits (0: the plan picks)
+  bool sinks = false;                    // learnable sink logits, one per query head
 };
 
 // The same cases once per CUDA backend; names get the backend as a prefix.

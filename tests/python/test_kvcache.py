@@ -242,7 +242,8 @@ def test_errors_name_the_argument():
         flash_attn_with_kvcache(q, pages, pages.clone(), k, v, cache_seqlens=1,
                                 block_table=torch.tensor([[0, 1]], dtype=torch.int64))
     with pytest.raises(ValueError, match="cache_batch_idx"):
-        flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=1, cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))
+        flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=1,
+                                cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="num_splits"):
         flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=1, num_splits=-1)
     # Nothing was written by the refused calls.

@@ -40,10 +40,10 @@ def _cuda_backward_built():
         return False
     x = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
     out, lse = torch.ops.flashattn.fwd(x, x, x, None, None, None, 0, 0, None, False, False, -1, -1, 0.0, None,
-                                       0.0, False)
+                                       0.0, False, None)
     try:
         torch.ops.flashattn.bwd(out, x, x, x, out, lse, None, None, None, 0, 0, None, False, False, -1, -1, 0.0,
-                                None, 0.0, False)
+                                None, 0.0, False, None)
     except NotImplementedError as e:
         return "backward is not implemented" not in str(e)
     return True
@@ -329,7 +329,8 @@ def test_head_dim_not_multiple_of_8(device, dtype):
 
 def opcheck_args(device, dtype, requires_grad):
     q, k, v = (make((2, 9, 2, 16), dtype, device, s, requires_grad) for s in (16, 17, 18))
-    return (q, k, v, None, None, None, 0, 0, None, True, False, -1, -1, 0.0, None, 0.0, False)
+    sinks = make((2,), torch.float32, device, 19, requires_grad)
+    return (q, k, v, None, None, None, 0, 0, None, True, False, -1, -1, 0.0, None, 0.0, False, sinks)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
@@ -342,7 +343,8 @@ def test_opcheck(device, dtype):
     # The backward has no derivative of its own (no double backward), so it is checked without grads.
     q, k, v = (x.detach() for x in args[:3])
     if can_backward(device):
-        torch.library.opcheck(torch.ops.flashattn.bwd.default, (dout, q, k, v, out.detach(), lse.detach()) + args[3:])
+        torch.library.opcheck(torch.ops.flashattn.bwd.default,
+                              (dout, q, k, v, out.detach(), lse.detach()) + args[3:-1] + (args[-1].detach(),))
 
 
 class TinyAttention(torch.nn.Module):
@@ -493,3 +495,54 @@ def test_lazy_torch_import():
     assert "flash_attn_func" in dir(flashattn)
     with pytest.raises(AttributeError):
         flashattn.no_such_function  # noqa: B018
+
+
+def sink_attention(q, k, v, sink, causal, top_left, window, dtype):
+    """Attention with a learnable sink in `dtype`: the sink is one more logit per (head, row) whose value vector is 0.
+    Returns out (B, Sq, Hq, Dv) and lse (B, Hq, Sq)."""
+    qf, kf, vf = (x.to(dtype) for x in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    kf, vf = kf.repeat_interleave(group, dim=2), vf.repeat_interleave(group, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", qf, kf) * q.shape[-1] ** -0.5
+    sq, sk = q.shape[1], k.shape[1]
+    i = torch.arange(sq, device=q.device)[:, None] + (0 if top_left else sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
+    left, right = window
+    right = 0 if causal else right
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if left >= 0:
+        visible &= j >= i - left
+    if right >= 0:
+        visible &= j <= i + right
+    s = s.masked_fill(~visible, float("-inf"))
+    col = sink.to(dtype)[None, :, None, None].expand(s.shape[0], -1, sq, 1)
+    full = torch.cat((s, col), dim=-1)
+    p = torch.softmax(full, dim=-1)[..., :sk]
+    return torch.einsum("bhij,bjhd->bihd", p, vf), torch.logsumexp(full.double(), dim=-1)
+
+
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16)] +
+                         ([("cuda", torch.bfloat16), ("cuda", torch.float16)] if HAS_CUDA else []))
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(5, 1)), dict(causal=True, top_left=True)])
+def test_learnable_sink(device, dtype, mask):
+    """out, lse and the gradients of q, k, v and the sink against float64 math with the sink as an extra column.
+    Bottom-right causal with Sq > Sk leaves rows without a visible key: out 0 and lse = the sink there."""
+    b, sq, sk, hq, hkv, d = (2, 23, 17, 4, 2, 64)
+    q, k, v = make((b, sq, hq, d), dtype, device, 1), make((b, sk, hkv, d), dtype, device, 2), make((b, sk, hkv, d), dtype, device, 3)
+    sink = (torch.randn(hq, generator=torch.Generator().manual_seed(5)) * 2).to(device).requires_grad_(True)
+    dout = make((b, sq, hq, d), dtype, device, 4, requires_grad=False)
+    causal, top_left, window = mask.get("causal", False), mask.get("top_left", False), mask.get("window", (-1, -1))
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True,
+                                  causal_alignment="top_left" if top_left else "bottom_right", learnable_sink=sink)
+    exact, exact_lse = sink_attention(q, k, v, sink, causal, top_left, window, torch.float64)
+    plain, _ = sink_attention(q, k, v, sink, causal, top_left, window, dtype)
+    assert_close("out", out, exact, plain, dtype)
+    assert max_err(lse, exact_lse) <= 1e-3 * max(1.0, exact_lse.abs().max().item())
+    if not can_backward(device):
+        return
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    want = torch.autograd.grad(exact, (q, k, v, sink), dout.double())
+    want_plain = torch.autograd.grad(plain, (q, k, v, sink), dout.to(plain.dtype))
+    for name, g, w, pl in zip(("dq", "dk", "dv", "dsink"), grads, want, want_plain):
+        assert g.dtype == (torch.float32 if name == "dsink" else dtype)
+        assert_close(name, g, w, pl, dtype if name != "dsink" else torch.bfloat16 if dtype != torch.float32 else dtype)

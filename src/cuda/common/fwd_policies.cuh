@@ -230,17 +230,32 @@ struct OnlineSoftmax {
   }
 
   // Normalises O and returns each row's natural-log LSE in lse[] (-inf and O = 0 for rows that saw no key;
-  // a NaN sum stays NaN so that NaN inputs propagate).
+  // a NaN sum stays NaN so that NaN inputs propagate). sink[r] (natural-log units; -inf: none) is row r's
+  // learnable sink logit, which joins the denominator: lse = log(e^lse + e^sink), O scaled by e^(lse_0 - lse).
   template <class O>
-  __device__ void finish(O& o, float logit_scale, float (&lse)[kRows]) {
+  __device__ void finish(O& o, float logit_scale, float (&lse)[kRows], const float (&sink)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_reduce(row_sum[r], [](float a, float b) { return a + b; });
-      const float inv = sum == 0.f ? 0.f : 1.f / sum;
+      float inv = sum == 0.f ? 0.f : 1.f / sum;
+      lse[r] = sum == 0.f ? -INFINITY : row_max[r] * logit_scale + logf(sum);
+      if (sink[r] != -INFINITY) {
+        const float merged = lse[r] == -INFINITY ? sink[r]
+                                                 : fmaxf(lse[r], sink[r]) + log1pf(expf(-fabsf(lse[r] - sink[r])));
+        if (sum != 0.f) inv *= expf(lse[r] - merged);
+        lse[r] = merged;
+      }
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= inv;
-      lse[r] = sum == 0.f ? -INFINITY : row_max[r] * logit_scale + logf(sum);
     }
+  }
+  // One sink logit for every row (a tile of one head), -inf without sinks.
+  template <class O>
+  __device__ void finish(O& o, float logit_scale, float (&lse)[kRows], float sink) {
+    float sinks[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) sinks[r] = sink;
+    finish(o, logit_scale, lse, sinks);
   }
 };
 

@@ -1,8 +1,9 @@
 // The combine step of split-KV: the normalised partial outputs O_s and log-sum-exps L_s of the splits of one
 // (head, query row) merged exactly,
-//   L = log(sum_s exp(L_s)),   O = sum_s exp(L_s - L) * O_s,
-// into out (the call's dtype) and lse. A split that saw no key has L_s = -inf and weight 0; a row no split saw
-// keeps the forward's rule (out = 0, lse = -inf). The partial layout is FwdParams' (fwd_params.hpp). The same
+//   L = log(sum_s exp(L_s) + exp(sink)),   O = sum_s exp(L_s - L) * O_s,
+// into out (the call's dtype) and lse; the head's learnable sink logit (if any) is a split with O = 0, added
+// here once (the splits leave it out). A split that saw no key has L_s = -inf and weight 0; a row no split saw
+// keeps the forward's rule (out = 0, lse = -inf, or lse = sink). The partial layout is FwdParams' (fwd_params.hpp). The same
 // merge serves any producer of (O, LSE) partials.
 #pragma once
 
@@ -25,12 +26,15 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const Fw
   const int64_t split_stride = int64_t(p.heads_q) * p.partial_rows;
   const float* lse_s = p.lse_partial + item;
 
-  float m = -INFINITY;
+  const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
+  float m = sink;
   for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, lse_s[s * split_stride]);
   for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   float sum = 0.f;
-  if (m != -INFINITY)
+  if (m != -INFINITY) {
     for (int s = lane; s < p.num_splits; s += 32) sum += expf(lse_s[s * split_stride] - m);
+    if (lane == 0 && sink != -INFINITY) sum += expf(sink - m);
+  }
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
 

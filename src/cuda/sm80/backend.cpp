@@ -120,7 +120,9 @@ detail::Error run_backward(const detail::Problem& p, const BwdPlan& plan, cudaSt
   params.dq_acc = ws.dq_acc ? base + ws.dsum : nullptr;
   params.dk_acc = ws.dk_acc ? base + ws.dsum + ws.dq_acc : nullptr;
   params.dv_acc = ws.dv_acc ? base + ws.dsum + ws.dq_acc + ws.dk_acc : nullptr;
-  const cudaError_t launched = kBwdKernels[plan.instance].launch(params, plan, stream);
+  params.dsinks = p.dsinks;
+  cudaError_t launched = kBwdKernels[plan.instance].launch(params, plan, stream);
+  if (launched == cudaSuccess && p.dsinks != nullptr) launched = launch_sink_grad(params, stream);
   const cudaError_t freed = buffer ? cudaFreeAsync(buffer, stream) : cudaSuccess;
   if (launched != cudaSuccess) return runtime_error("cuda-sm80 backward kernel launch", launched);
   if (freed != cudaSuccess) return runtime_error("cuda-sm80 backward workspace cudaFreeAsync", freed);

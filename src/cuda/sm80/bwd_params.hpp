@@ -41,7 +41,11 @@ struct BwdParams : FwdParams {
   int64_t dq_blocks = 0;
   int64_t dq_tile = 0;
   bool deterministic = false;
+  float* dsinks = nullptr;  // the sinks' gradient (sink_grad.cu), optional
 };
+
+// dsinks from the dsum workspace and lse, after the backward kernels (sink_grad.cu).
+cudaError_t launch_sink_grad(const BwdParams& params, cudaStream_t stream);
 
 // Workspace floats the backward needs for these parameters (dq_blocks, dq_tile, dq_splits set). Each section is
 // rounded up to kWorkspaceAlign floats so that every section starts 256-byte aligned (vector stores).

@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
   // ---- epilogue
   float lse[kRows];
-  softmax.finish(acc_o_rc, p.logit_scale, lse);
+  softmax.finish(acc_o_rc, p.logit_scale, lse, p.sinks != nullptr ? p.sinks[tile.head] : -INFINITY);
 
   Tensor out_frag = convert_fragment<Element>(acc_o);
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});

@@ -28,6 +28,28 @@ struct FwdEpilogue {
   // Whether O is staged in Q's space: the Q space is then released only after the stores have read it.
   static constexpr bool kOInQSpace = !Traits::kSeparateO && !kDirectO;
 
+  // The sink logit of each accumulator row a thread holds: its query head's (rows of a packed tile are of several
+  // heads); -inf without sinks and under split-KV, whose combine adds the sink once.
+  template <int kRows>
+  __device__ static void row_sinks(const FwdParams& p, const Tile& tile, int wg, int tid, float (&sink)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) sink[r] = -INFINITY;
+    if (p.sinks == nullptr || p.num_splits > 1) return;
+    if constexpr (!kPackGQA) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) sink[r] = p.sinks[tile.t.head];
+    } else {
+      typename Traits::TiledMmaPV mma_pv;
+      auto thr_pv = mma_pv.get_thread_slice(tid);
+      Tensor cO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+      Tensor cO_rc = make_tensor(cO.data(), rows_cols(cO.layout()));
+      static_assert(size<0>(decltype(cO_rc.layout()){}) == kRows, "one sink per accumulator row");
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r)
+        sink[r] = p.sinks[PackedRow(tile.m0 + wg * kWgRows + get<0>(cO_rc(r, 0)), tile.rows_per_pos, tile.head0(p)).head];
+    }
+  }
+
   // Split-KV: this split's normalised O (fp32, column pairs from registers) and LSE at row (head, q row) of its
   // split's slice of the workspace; rows past the sequence are not written (the combine never reads them).
   template <class AccO, int kRows>

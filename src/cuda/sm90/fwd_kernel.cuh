@@ -89,9 +89,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // Q is no longer read: unless O is staged in Q's space, the producer may load the next tile's Q right away.
     if constexpr (!Epilogue::kOInQSpace) Load::release_q_space();
 
-    float lse[Mainloop::kRowsPerThread];
+    float lse[Mainloop::kRowsPerThread], sink[Mainloop::kRowsPerThread];
     Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
-    softmax.finish(o_rc, p.logit_scale, lse);
+    Epilogue::row_sinks(p, tile, wg, tid, sink);
+    softmax.finish(o_rc, p.logit_scale, lse, sink);
     Epilogue::store(kp, ss, tile, tOrO, lse, wg, tid);
     if constexpr (Epilogue::kOInQSpace) {
       // O lived in this warpgroup's Q rows: the next Q may be loaded once every warpgroup's stores have read it.
