@@ -528,7 +528,8 @@ def test_learnable_sink(device, dtype, mask):
     """out, lse and the gradients of q, k, v and the sink against float64 math with the sink as an extra column.
     Bottom-right causal with Sq > Sk leaves rows without a visible key: out 0 and lse = the sink there."""
     b, sq, sk, hq, hkv, d = (2, 23, 17, 4, 2, 64)
-    q, k, v = make((b, sq, hq, d), dtype, device, 1), make((b, sk, hkv, d), dtype, device, 2), make((b, sk, hkv, d), dtype, device, 3)
+    q = make((b, sq, hq, d), dtype, device, 1)
+    k, v = make((b, sk, hkv, d), dtype, device, 2), make((b, sk, hkv, d), dtype, device, 3)
     sink = (torch.randn(hq, generator=torch.Generator().manual_seed(5)) * 2).to(device).requires_grad_(True)
     dout = make((b, sq, hq, d), dtype, device, 4, requires_grad=False)
     causal, top_left, window = mask.get("causal", False), mask.get("top_left", False), mask.get("window", (-1, -1))
