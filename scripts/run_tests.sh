@@ -8,7 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 labels="fast"
-if [ "${1:-}" = "--deep" ]; then labels="fast|deep"; fi
+if [ "${1:-}" = "--deep" ]; then
+  labels="fast|deep"
+  export FA_FUZZ_PY_CASES="${FA_FUZZ_PY_CASES:-2000}"  # the Python fuzz slice of the deep tier
+fi
 jobs=$(nproc)
 
 if [ -z "${FLASHATTN_SKIP_DEPS:-}" ]; then scripts/install_deps.sh; fi

@@ -1,7 +1,13 @@
 // Every validation rule has a case that breaks exactly it and expects its specific error.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <climits>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 
 #include "attention_case.hpp"
@@ -232,7 +238,8 @@ TEST(Validation, CpuRejectsSequencesBeyondExactFloatPositions) {
   FwdParams p = pr.fwd();
   const int64_t huge = int64_t(1) << 24;
   p.attn.k.shape[1] = p.attn.v.shape[1] = huge;
-  p.attn.k.stride[0] = p.attn.v.stride[0] = 0;
+  // Broadcast rows (zero strides) keep the views inside the small buffers.
+  p.attn.k.stride[0] = p.attn.v.stride[0] = p.attn.k.stride[1] = p.attn.v.stride[1] = 0;
   Status st = forward(p, pr.exec());
   EXPECT_EQ(st.code, FA_ERROR_UNSUPPORTED);
   EXPECT_NE(st.message.find("sequences of 2^24 or more tokens"), std::string::npos) << st.message;
@@ -244,6 +251,258 @@ TEST(Validation, EmptyProblemsAreValid) {
   Problem pr(c);
   ASSERT_TRUE(pr.run_forward().ok());
   for (float l : pr.lse) EXPECT_EQ(l, -INFINITY);
+}
+
+
+// Class 1 of issue 16: outputs sharing memory with inputs (or each other) gave wrong results.
+TEST(Validation, OutputsMustNotOverlap) {
+  const std::vector<Rule> rules = {
+      {"out aliases v", [](FwdParams& p) { p.out.data = p.attn.v.data; }, FA_ERROR_INVALID_ARGUMENT,
+       "out: must not overlap v in memory"},
+      {"out aliases q", [](FwdParams& p) { p.out.data = p.attn.q.data; }, FA_ERROR_INVALID_ARGUMENT,
+       "out: must not overlap q in memory"},
+      {"lse inside out",
+       [](FwdParams& p) { p.lse.data = static_cast<char*>(p.out.data) + 64; }, FA_ERROR_INVALID_ARGUMENT,
+       "lse: must not overlap out in memory"},
+      {"out broadcast over rows", [](FwdParams& p) { p.out.stride[1] = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "out: elements overlap in memory"},
+      {"out heads interleaved", [](FwdParams& p) { p.out.stride[2] = 8; }, FA_ERROR_INVALID_ARGUMENT,
+       "out: elements overlap in memory"},
+  };
+  for (const Rule& r : rules) expect_rule(base(), r);
+
+  Problem pr(base());
+  ASSERT_TRUE(pr.run_forward().ok());
+  auto expect_bwd = [&](const char* what, std::function<void(BwdParams&)> breaks, const char* message) {
+    SCOPED_TRACE(what);
+    BwdParams b = pr.bwd();
+    breaks(b);
+    Status st = backward(b, pr.exec());
+    EXPECT_EQ(st.code, FA_ERROR_INVALID_ARGUMENT) << st.message;
+    EXPECT_NE(st.message.find(message), std::string::npos) << "message was: " << st.message;
+  };
+  expect_bwd("dq aliases q", [](BwdParams& b) { b.dq.data = b.attn.q.data; }, "dq: must not overlap q in memory");
+  expect_bwd("dk aliases dv", [](BwdParams& b) { b.dv.data = b.dk.data; }, "dv: must not overlap dk in memory");
+  expect_bwd("dv aliases dout", [](BwdParams& b) { b.dv.data = b.dout.data; }, "dv: must not overlap dout in memory");
+  expect_bwd("dq aliases lse", [](BwdParams& b) { b.dq.data = b.lse.data; }, "dq: must not overlap lse in memory");
+  EXPECT_TRUE(backward(pr.bwd(), pr.exec()).ok());
+}
+
+// Views that interleave in one buffer without sharing an element are not overlap: a packed dqkv (as the
+// qkvpacked backward allocates) and q/out side by side in one row-interleaved buffer.
+TEST(Validation, InterleavedViewsAreNotOverlap) {
+  Case c = base();
+  c.seqlen_k = c.seqlen_q;
+  c.heads_kv = c.heads_q;
+  Problem pr(c);
+  ASSERT_TRUE(pr.run_forward().ok());
+  ASSERT_TRUE(pr.run_backward().ok());
+  const int64_t S = c.seqlen_q, H = c.heads_q, D = c.head_dim;
+  std::vector<uint16_t> dqkv(size_t(S * 3 * H * D), 0xffff);
+  BwdParams b = pr.bwd();
+  for (int i = 0; i < 3; ++i) {
+    fa_tensor t = make_tensor(dqkv.data() + i * H * D, c.dtype, {1, S, H, D});
+    t.stride[0] = S * 3 * H * D;
+    t.stride[1] = 3 * H * D;
+    (i == 0 ? b.dq : i == 1 ? b.dk : b.dv) = t;
+  }
+  Status st = backward(b, pr.exec());
+  ASSERT_TRUE(st.ok()) << st.message;
+  for (int64_t s = 0; s < S; ++s)
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<uint8_t>& want = i == 0 ? pr.dq : i == 1 ? pr.dk : pr.dv;
+      EXPECT_EQ(std::memcmp(dqkv.data() + (s * 3 + i) * H * D, want.data() + s * H * D * 2, size_t(H * D * 2)), 0)
+          << "packed gradient " << i << " row " << s << " differs from the separate buffers' result";
+    }
+
+  // out in the first half of each head's 2D slot, q (a copy) in the second half.
+  std::vector<uint16_t> qo(size_t(S * H * 2 * D), 0xffff);
+  const uint16_t* q16 = reinterpret_cast<const uint16_t*>(pr.q.data());
+  for (int64_t r = 0; r < S * H; ++r) std::copy(q16 + r * D, q16 + (r + 1) * D, qo.data() + r * 2 * D + D);
+  FwdParams f = pr.fwd();
+  f.attn.q = make_tensor(qo.data() + D, c.dtype, {1, S, H, D});
+  f.out = make_tensor(qo.data(), c.dtype, {1, S, H, D});
+  for (fa_tensor* t : {&f.attn.q, &f.out}) {
+    t->stride[2] = 2 * D;
+    t->stride[1] = 2 * D * H;
+    t->stride[0] = 2 * D * H * S;
+  }
+  st = forward(f, pr.exec());
+  ASSERT_TRUE(st.ok()) << st.message;
+  const uint16_t* out16 = reinterpret_cast<const uint16_t*>(pr.out.data());
+  for (int64_t r = 0; r < S * H; ++r)
+    EXPECT_TRUE(std::equal(out16 + r * D, out16 + (r + 1) * D, qo.data() + r * 2 * D)) << "row " << r;
+}
+
+// Class 2: sizes whose products wrap, and windows near INT64_MAX.
+TEST(Validation, SizesAndStridesMustNotOverflow) {
+  const int64_t big = int64_t(1) << 32;
+  const std::vector<Rule> rules = {
+      {"element count wraps to 0",
+       [big](FwdParams& p) {
+         p.attn.q.shape[0] = big;
+         p.attn.q.shape[1] = big;
+         p.attn.q.data = nullptr;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "q: element count of shape (4294967296, 4294967296, 4, 16) overflows int64"},
+      {"extent overflows",
+       [](FwdParams& p) { p.attn.k.stride[1] = INT64_MAX / 4; }, FA_ERROR_INVALID_ARGUMENT,
+       "k: shape (1, 11, 2, 16) with strides (352, 2305843009213693951, 16, 1) spans more memory than int64"},
+      {"pointer plus extent wraps",
+       [](FwdParams& p) {
+         p.attn.v.stride[0] = p.attn.v.stride[1] = p.attn.v.stride[2] = 0;
+         p.attn.v.shape[3] = 8;
+         p.attn.k.shape[3] = 8;
+         p.attn.q.shape[3] = 8;
+         p.attn.v.data = reinterpret_cast<void*>(uintptr_t(0) - 8);
+       },
+       FA_ERROR_INVALID_ARGUMENT, "v: shape (1, 11, 2, 8) with strides (0, 0, 0, 1) spans more memory"},
+      {"batch beyond int32",
+       [big](FwdParams& p) {
+         for (fa_tensor* t : {&p.attn.q, &p.attn.k, &p.attn.v}) {
+           t->shape[0] = big;
+           t->stride[0] = 0;
+         }
+       },
+       FA_ERROR_INVALID_ARGUMENT, "q: batch must be at most 2^31 - 1 (got 4294967296)"},
+      {"seqlen_k beyond int32",
+       [big](FwdParams& p) {
+         for (fa_tensor* t : {&p.attn.k, &p.attn.v}) {
+           t->shape[1] = big;
+           t->stride[0] = t->stride[1] = 0;
+         }
+       },
+       FA_ERROR_INVALID_ARGUMENT, "k: seqlen_k must be at most 2^31 - 1 (got 4294967296)"},
+  };
+  for (const Rule& r : rules) expect_rule(base(), r);
+  const std::vector<Rule> varlen_rules = {
+      {"max_seqlen_q huge", [](FwdParams& p) { p.attn.max_seqlen_q = INT64_MAX; }, FA_ERROR_INVALID_ARGUMENT,
+       "max_seqlen_q: must be in [0, 2^31 - 1] (got 9223372036854775807)"},
+      {"max_seqlen_k huge", [](FwdParams& p) { p.attn.max_seqlen_k = int64_t(1) << 31; }, FA_ERROR_INVALID_ARGUMENT,
+       "max_seqlen_k: must be in [0, 2^31 - 1]"},
+  };
+  for (const Rule& r : varlen_rules) expect_rule(varlen_base(), r);
+}
+
+// A window side of at least the longest sequence is the unbounded side: near INT64_MAX it used to wrap in the
+// mask arithmetic (every key masked). Same bytes as -1, forward and backward, both alignments.
+TEST(Validation, HugeWindowsMeanUnbounded) {
+  for (bool top_left : {false, true})
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{9, 11}, {11, 9}})
+      for (auto [left, right] : {std::pair<int64_t, int64_t>{INT64_MAX, INT64_MAX}, {INT64_MAX - 1, 2},
+                                 {3, INT64_MAX}, {11, 11}, {INT64_MAX, -1}}) {
+        Case c = base();
+        c.seqlen_q = sq;
+        c.seqlen_k = sk;
+        c.top_left = top_left;
+        c.window_left = left;
+        c.window_right = right;
+        SCOPED_TRACE(c.name());
+        Case u = c;
+        u.window_left = left >= 11 ? -1 : left;
+        u.window_right = right >= 11 ? -1 : right;
+        Problem huge(c), unbounded(u);
+        ASSERT_TRUE(huge.run_forward().ok());
+        ASSERT_TRUE(unbounded.run_forward().ok());
+        EXPECT_TRUE(huge.out == unbounded.out) << "out differs from the unbounded window's";
+        EXPECT_TRUE(huge.lse == unbounded.lse) << "lse differs from the unbounded window's";
+        ASSERT_TRUE(huge.run_backward().ok());
+        ASSERT_TRUE(unbounded.run_backward().ok());
+        EXPECT_TRUE(huge.dq == unbounded.dq && huge.dk == unbounded.dk && huge.dv == unbounded.dv)
+            << "gradients differ from the unbounded window's";
+      }
+  Case c = base();
+  c.causal = true;
+  c.window_left = INT64_MAX;
+  expect_matches_reference(c, true);
+}
+
+// Class 3: an exception (here std::bad_alloc) must not escape the C ABI; it aborted the caller. The child
+// process caps its address space so that copying 16M cu_seqlens entries for the validation fails.
+// Runs in the death-test child: exits 0 when the call reported the failed allocation as FA_ERROR_BACKEND.
+[[noreturn]] void forward_under_address_space_cap() {
+  const int64_t batch = int64_t(1) << 24;
+  std::vector<int32_t> cu(size_t(batch + 1), 0);
+  cu.back() = 1;
+  std::vector<uint16_t> q(8), k(8), v(8), out(8);
+  std::vector<float> lse(1);
+  FwdParams p = make_fwd_params();
+  p.attn.q = make_tensor(q.data(), FA_BFLOAT16, {1, 1, 8});
+  p.attn.k = make_tensor(k.data(), FA_BFLOAT16, {1, 1, 8});
+  p.attn.v = make_tensor(v.data(), FA_BFLOAT16, {1, 1, 8});
+  p.attn.cu_seqlens_q = p.attn.cu_seqlens_k = make_tensor(cu.data(), FA_INT32, {batch + 1});
+  p.attn.max_seqlen_q = p.attn.max_seqlen_k = 1;
+  p.out = make_tensor(out.data(), FA_BFLOAT16, {1, 1, 8});
+  p.lse = make_tensor(lse.data(), FA_FLOAT32, {1, 1});
+  long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const rlim_t cap = rlim_t(pages) * 4096 + (rlim_t(4) << 20);
+  struct rlimit lim = {cap, cap};
+  if (pages == 0 || setrlimit(RLIMIT_AS, &lim) != 0) std::exit(3);
+  const fa_status st = fa_forward(&p, nullptr);
+  const std::string msg = fa_last_error();
+  std::fprintf(stderr, "status %d: %s\n", int(st), msg.c_str());
+  std::exit(st == FA_ERROR_BACKEND && msg.find("out of memory") != std::string::npos ? 0 : 1);
+}
+
+TEST(Validation, AllocationFailureIsABackendError) {
+  // A forked child of a process that has run OpenMP regions can hang in libgomp: re-execute instead.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(forward_under_address_space_cap(), ::testing::ExitedWithCode(0), "status 3: out of memory");
+}
+
+// Class 4: thread counts beyond the machine are clamped (100000 used to crash inside OpenMP).
+TEST(Validation, HugeThreadCountsAreClamped) {
+  for (int threads : {100000, INT_MAX}) {
+    Case c = base();
+    c.threads = threads;
+    expect_matches_reference(c, true);
+  }
+}
+
+// Class 5: empty tensors as numpy makes them (zero strides, any pointer) are valid, not a stride error.
+TEST(Validation, EmptyTensorsWithZeroStrides) {
+  for (int which : {0, 1, 2}) {
+    Case c = base();
+    if (which == 0) c.batch = 0;
+    if (which == 1) c.seqlen_q = 0;
+    if (which == 2) c.seqlen_k = 0;
+    SCOPED_TRACE(which);
+    Problem pr(c);
+    BwdParams b = pr.bwd();
+    FwdParams f = pr.fwd();
+    for (fa_tensor* t : {&f.attn.q, &f.attn.k, &f.attn.v, &f.out, &f.lse, &b.attn.q, &b.attn.k, &b.attn.v, &b.out,
+                         &b.lse, &b.dout, &b.dq, &b.dk, &b.dv}) {
+      int64_t n = 1;
+      for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+      if (n == 0)
+        for (int i = 0; i < t->ndim; ++i) t->stride[i] = 0;
+    }
+    Status st = forward(f, pr.exec());
+    ASSERT_TRUE(st.ok()) << st.message;
+    for (float l : pr.lse) EXPECT_EQ(l, -INFINITY);
+    st = backward(b, pr.exec());
+    ASSERT_TRUE(st.ok()) << st.message;
+    if (which == 2)
+      for (size_t i = 0; i < pr.dq.size(); ++i) ASSERT_EQ(pr.dq[i], 0) << "dq must be 0 without keys";
+  }
+}
+
+// fa_make_tensor with a shape whose strides overflow saturates, so the validation reports the tensor.
+TEST(Validation, MakeTensorOverflowIsReported) {
+  Problem pr(base());
+  FwdParams p = pr.fwd();
+  const int64_t shape[4] = {1, 9, int64_t(1) << 40, int64_t(1) << 40};
+  p.attn.q = fa_make_tensor(pr.q.data(), FA_BFLOAT16, FA_DEVICE_CPU, 4, shape);
+  Status st = forward(p, pr.exec());
+  EXPECT_EQ(st.code, FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(st.message.find("q: element count"), std::string::npos) << st.message;
+  p.attn.q = fa_make_tensor(pr.q.data(), FA_BFLOAT16, FA_DEVICE_CPU, 4, nullptr);
+  st = forward(p, pr.exec());
+  EXPECT_NE(st.message.find("q: must have 4 dimensions (got -1)"), std::string::npos) << st.message;
 }
 
 }  // namespace

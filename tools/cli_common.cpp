@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <sstream>
 
 #include "core/problem.hpp"
@@ -30,30 +31,35 @@ std::string Shape::describe() const {
   return s.str();
 }
 
+namespace {
+// A window side reaching past both sequences is unbounded (as in the library): clamping it keeps the mask
+// arithmetic below free of overflow for any int64 the user gives.
+int64_t clamp_window(const Shape& s, int64_t w) { return w < 0 ? w : std::min(w, std::max(s.seqlen_q, s.seqlen_k)); }
+}  // namespace
+
 double forward_flops(const Shape& s) {
   // Count the (query, key) pairs the mask keeps, so causal and windows are credited only with real work.
   double pairs = 0;
   const int64_t off = s.top_left ? 0 : s.seqlen_k - s.seqlen_q;
-  const int64_t right = s.causal ? 0 : s.window_right;
+  const int64_t right = s.causal ? 0 : clamp_window(s, s.window_right), left = clamp_window(s, s.window_left);
   if (!s.causal && s.window_left < 0 && s.window_right < 0) {
     pairs = double(s.seqlen_q) * double(s.seqlen_k);
   } else if (s.causal && s.window_left < 0) {
     pairs = double(s.seqlen_q) * double(s.seqlen_k) / 2;  // the convention peers report causal FLOPs by
   } else {
     for (int64_t i = 0; i < s.seqlen_q; ++i) {
-      int64_t lo = s.window_left >= 0 ? std::max<int64_t>(0, i + off - s.window_left) : 0;
+      int64_t lo = left >= 0 ? std::max<int64_t>(0, i + off - left) : 0;
       int64_t hi = right >= 0 ? std::min<int64_t>(s.seqlen_k, i + off + right + 1) : s.seqlen_k;
       pairs += double(std::max<int64_t>(0, hi - lo));
     }
   }
-  return 2.0 * double(s.batch * s.heads) * pairs * double(s.head_dim + s.dv());
+  return 2.0 * double(s.batch) * double(s.heads) * pairs * double(s.head_dim + s.dv());
 }
 
 IoPicture io_picture(const Shape& s, int block_q, int block_k) {
   const double e = double(dtype_size(s.dtype));
-  const double bh = double(s.batch * s.heads);
-  const double qkvo = bh * (double(s.seqlen_q) * (s.head_dim + s.dv())) +
-                      double(s.batch * s.hkv()) * double(s.seqlen_k) * (s.head_dim + s.dv());
+  const double bh = double(s.batch) * double(s.heads), dims = double(s.head_dim) + double(s.dv());
+  const double qkvo = bh * (double(s.seqlen_q) * dims) + double(s.batch) * double(s.hkv()) * double(s.seqlen_k) * dims;
   IoPicture io;
   // Standard: S = QK^T written, read by softmax, P written, read by PV: four N^2 passes.
   io.standard_bytes = e * (qkvo + 4.0 * bh * double(s.seqlen_q) * double(s.seqlen_k));
@@ -61,15 +67,15 @@ IoPicture io_picture(const Shape& s, int block_q, int block_k) {
   double kv_blocks = 0;
   if (block_q > 0 && block_k > 0) {
     const int64_t off = s.top_left ? 0 : s.seqlen_k - s.seqlen_q;
-    const int64_t right = s.causal ? 0 : s.window_right;
+    const int64_t right = s.causal ? 0 : clamp_window(s, s.window_right), left = clamp_window(s, s.window_left);
     for (int64_t i0 = 0; i0 < s.seqlen_q; i0 += block_q) {
       int64_t i1 = std::min<int64_t>(s.seqlen_q, i0 + block_q) - 1;
-      int64_t lo = s.window_left >= 0 ? std::max<int64_t>(0, i0 + off - s.window_left) : 0;
+      int64_t lo = left >= 0 ? std::max<int64_t>(0, i0 + off - left) : 0;
       int64_t hi = right >= 0 ? std::min<int64_t>(s.seqlen_k, i1 + off + right + 1) : s.seqlen_k;
       if (hi > lo) kv_blocks += double(std::min<int64_t>(s.seqlen_k, (hi + block_k - 1) / block_k * block_k) - lo / block_k * block_k);
     }
   }
-  io.fused_bytes = e * (bh * double(s.seqlen_q) * (s.head_dim + s.dv()) + bh * kv_blocks * (s.head_dim + s.dv())) +
+  io.fused_bytes = e * (bh * double(s.seqlen_q) * dims + bh * kv_blocks * dims) +
                    4.0 * bh * double(s.seqlen_q);
   return io;
 }
@@ -199,7 +205,18 @@ double time_median(F&& fn, bool cuda, const Options& o, bool* ok) {
 
 }  // namespace
 
-RunResult run_attention(const Shape& s, const Options& o) {
+namespace {
+
+// n = product of the factors, false when it does not fit in size_t.
+bool checked_product(std::initializer_list<int64_t> factors, size_t* n) {
+  size_t p = 1;
+  for (int64_t f : factors)
+    if (f < 0 || __builtin_mul_overflow(p, size_t(f), &p)) return false;
+  *n = p;
+  return true;
+}
+
+RunResult run_attention_impl(const Shape& s, const Options& o) {
   RunResult r;
   const bool cuda = o.backend == FA_BACKEND_CUDA_SM80 || o.backend == FA_BACKEND_CUDA_SM90 ||
                     (o.backend == FA_BACKEND_AUTO && fa_cuda_available());
@@ -207,8 +224,19 @@ RunResult run_attention(const Shape& s, const Options& o) {
   const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, H = s.heads, Hk = s.hkv(), D = s.head_dim,
                 Dv = s.dv();
   const size_t e = dtype_size(s.dtype);
-  const size_t nq = size_t(B * Sq * H * D), nk = size_t(B * Sk * Hk * D), nv = size_t(B * Sk * Hk * Dv),
-               no = size_t(B * Sq * H * Dv), nl = size_t(B * H * Sq);
+  size_t nq = 0, nk = 0, nv = 0, no = 0, nl = 0, bytes = 0;
+  // Element counts and byte sizes must not wrap (a wrapped size would allocate a small buffer for a big problem).
+  if (!checked_product({B, Sq, H, D, int64_t(e)}, &bytes) || !checked_product({B, Sk, Hk, D, int64_t(e)}, &bytes) ||
+      !checked_product({B, Sk, Hk, Dv, int64_t(e)}, &bytes) || !checked_product({B, Sq, H, Dv, int64_t(e)}, &bytes) ||
+      !checked_product({B, H, Sq, 4}, &bytes)) {
+    r.error = "problem too large: its tensor sizes overflow 64-bit byte counts (" + s.describe() + ")";
+    return r;
+  }
+  checked_product({B, Sq, H, D}, &nq);
+  checked_product({B, Sk, Hk, D}, &nk);
+  checked_product({B, Sk, Hk, Dv}, &nv);
+  checked_product({B, Sq, H, Dv}, &no);
+  checked_product({B, H, Sq}, &nl);
   Rng rng{o.seed};
   std::vector<uint8_t> hq = random_tensor(nq, s.dtype, rng), hk = random_tensor(nk, s.dtype, rng),
                        hv = random_tensor(nv, s.dtype, rng), hdo = random_tensor(no, s.dtype, rng);
@@ -292,43 +320,37 @@ RunResult run_attention(const Shape& s, const Options& o) {
   // Check sampled rows against the float64 reference, on host copies.
   std::vector<uint8_t> ho = out.download(), hl = lse.download(), hdq = o.backward ? dq.download() : std::vector<uint8_t>();
   FwdParams hp = make_fwd_params();
-  BwdParams hbp = make_bwd_params();
-  {
-    hp.attn = fp.attn;
-    hp.attn.q.data = hq.data();
-    hp.attn.k.data = hk.data();
-    hp.attn.v.data = hv.data();
-    hp.attn.alibi_slopes.data = s.alibi ? hslopes.data() : nullptr;
-    for (fa_tensor* t : {&hp.attn.q, &hp.attn.k, &hp.attn.v, &hp.attn.alibi_slopes}) t->device = FA_DEVICE_CPU;
-    hp.out = fp.out;
-    hp.out.data = ho.data();
-    hp.out.device = FA_DEVICE_CPU;
-    hp.lse = fp.lse;
-    hp.lse.data = hl.data();
-    hp.lse.device = FA_DEVICE_CPU;
-    hbp.attn = hp.attn;
-    hbp.out = hp.out;
-    hbp.lse = hp.lse;
-    hbp.dout = bp.dout;
-    hbp.dout.data = hdo.data();
-    hbp.dq = bp.dq;
-    hbp.dq.data = o.backward ? hdq.data() : hq.data();
-    hbp.dk = hbp.attn.k;
-    hbp.dv = hbp.attn.v;
-    for (fa_tensor* t : {&hbp.dout, &hbp.dq}) t->device = FA_DEVICE_CPU;
-  }
+  hp.attn = fp.attn;
+  hp.attn.q.data = hq.data();
+  hp.attn.k.data = hk.data();
+  hp.attn.v.data = hv.data();
+  hp.attn.alibi_slopes.data = s.alibi ? hslopes.data() : nullptr;
+  hp.out = fp.out;
+  hp.out.data = ho.data();
+  hp.lse = fp.lse;
+  hp.lse.data = hl.data();
+  for (fa_tensor* t : {&hp.attn.q, &hp.attn.k, &hp.attn.v, &hp.attn.alibi_slopes, &hp.out, &hp.lse})
+    t->device = FA_DEVICE_CPU;
+  // The forward's validation describes the problem; the reference's dQ rows also read dout and the
+  // computed dq, whose (contiguous, batched) layouts are set here.
   detail::Problem p;
   const detail::Requirements host_req{0, 1, true, "reference"};
-  detail::Error ve = detail::validate(hbp.attn, hbp.out, hbp.lse, &hbp.dout, &hbp.dq, &hbp.dk, &hbp.dv,
-                                      detail::Direction::kBackward, host_req, nullptr, nullptr, nullptr, &p);
+  detail::Error ve = detail::validate(hp.attn, hp.out, hp.lse, nullptr, nullptr, nullptr, nullptr,
+                                      detail::Direction::kForward, host_req, nullptr, nullptr, nullptr, &p);
   if (!ve.ok()) {
     r.error = "check: " + ve.message;
     r.ok = false;
     return r;
   }
+  p.dout = hdo.data();
+  p.dout_layout = detail::RowLayout{bp.dout.stride[0], bp.dout.stride[1], bp.dout.stride[2], false};
+  p.dq = o.backward ? hdq.data() : nullptr;
+  p.dq_layout = detail::RowLayout{bp.dq.stride[0], bp.dq.stride[1], bp.dq.stride[2], false};
   reference::Comparison cmp(s.dtype), cmp_dq(s.dtype);
   Rng pick{o.seed + 1};
-  const int kSamples = 48;
+  // An empty problem has no row to sample (and B, H or Sq of 0 must not be taken modulo).
+  const int kSamples = B > 0 && H > 0 && Sq > 0 ? 48 : 0;
+  r.checked_rows = kSamples;
   std::vector<double> exact(size_t(std::max(Dv, D))), plain(exact.size());
   for (int n = 0; n < kSamples; ++n) {
     // Always the first and last query rows (mask edges), the rest at random.
@@ -356,6 +378,18 @@ RunResult run_attention(const Shape& s, const Options& o) {
     r.check_passed = r.check_passed && cmp_dq.passed();
   }
   return r;
+}
+
+}  // namespace
+
+RunResult run_attention(const Shape& s, const Options& o) {
+  try {
+    return run_attention_impl(s, o);
+  } catch (const std::bad_alloc&) {
+    RunResult r;
+    r.error = "out of memory allocating the problem's tensors (" + s.describe() + ")";
+    return r;
+  }
 }
 
 }  // namespace flashattn::cli

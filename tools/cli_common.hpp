@@ -37,6 +37,7 @@ struct RunResult {
   double max_err = 0, mean_err = 0, tol = 0;     // forward check (sampled rows)
   double dq_max_err = 0, dq_tol = 0;             // backward check (sampled dq rows)
   bool check_passed = true;
+  int checked_rows = 0;                          // 0: nothing to compare (an empty problem)
   int block_q = 0, block_k = 0;
 };
 

@@ -1,5 +1,9 @@
 // `flashattn` — the main job: run attention on the best available backend (`run`) or sweep a grid (`bench`).
+#include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,15 +28,21 @@ commands:
   bench   sweep seqlens x head dims x dtypes x masks, write CSV and markdown
   help    this text
 
-shape and mask options (run and bench):
-  --batch N  --seqlen N (both q and k)  --seqlen-q N  --seqlen-k N  --heads N  --heads-kv N
-  --hdim N  --hdim-v N  --dtype bf16|fp16|fp32  --causal  --top-left  --window L,R  --softcap C  --alibi
+shape and mask options (run and bench), defaults in brackets:
+  --batch N [1]  --seqlen N (both q and k) [1024]  --seqlen-q N  --seqlen-k N  --heads N [8]
+  --heads-kv N [= heads]  --hdim N [64]  --hdim-v N [= hdim]  --dtype bf16|fp16|fp32 [bf16]
+  --causal [off]  --top-left [bottom-right alignment]  --window L,R [-1,-1; -1 = unbounded side]
+  --softcap C [0 = off]  --alibi [off]
 run options:
-  --bwd  --check  --threads N  --iters N  --backend auto|cpu|cuda-sm80|cuda-sm90  --seed N
+  --bwd [forward only]  --check [off]  --threads N [0 = all hardware threads]
+  --iters N [0 = time-budgeted: up to 5 on the CPU, 100 on CUDA]  --backend auto|cpu|cuda-sm80|cuda-sm90 [auto]
+  --seed N [0]
 bench options:
-  --seqlens 1024,2048,...  --hdims 64,128  --dtypes bf16,fp32  --masks none,causal  --tokens N (batch =
-  tokens / seqlen, default: batch as given)  --bwd  --csv FILE  --md FILE  --threads N  --iters N
-  --machine "name for the table"
+  --seqlens LIST [1024,2048,4096,8192,16384]  --hdims LIST [64,128]  --dtypes LIST [fp32,bf16]
+  --masks none,causal [none,causal]  --tokens N [0: batch as given; else batch = tokens / seqlen]
+  --bwd  --csv FILE  --md FILE [none: table on stdout only]  --threads N  --iters N  --machine NAME [unnamed]
+Sizes are non-negative integers (heads at least 1), counts fit in int64; a malformed number, an option
+without its value or an output file that cannot be written is an error (exit status 2, or 1 when a run fails).
 )";
 
 [[noreturn]] void die(const std::string& msg) {
@@ -40,10 +50,37 @@ bench options:
   std::exit(2);
 }
 
-int64_t to_int(const std::string& flag, const char* v) {
+// Strict: the whole text is one decimal integer in [lo, hi] (no trailing characters, no overflow).
+int64_t to_int(const std::string& flag, const char* v, int64_t lo, int64_t hi) {
   char* end = nullptr;
+  errno = 0;
+  if (std::isspace(static_cast<unsigned char>(*v))) die(flag + ": expected an integer, got '" + v + "'");
   long long x = std::strtoll(v, &end, 10);
   if (end == v || *end != '\0') die(flag + ": expected an integer, got '" + v + "'");
+  if (errno == ERANGE || x < lo || x > hi)
+    die(flag + ": " + v + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+int64_t to_size(const std::string& flag, const char* v, int64_t lo = 0) { return to_int(flag, v, lo, INT64_MAX); }
+
+uint64_t to_u64(const std::string& flag, const char* v) {
+  char* end = nullptr;
+  errno = 0;
+  if (*v == '-' || *v == '+' || *v == ' ') die(flag + ": expected a non-negative integer, got '" + std::string(v) + "'");
+  unsigned long long x = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0') die(flag + ": expected a non-negative integer, got '" + std::string(v) + "'");
+  if (errno == ERANGE) die(flag + ": " + v + " is out of range [0, 2^64 - 1]");
+  return x;
+}
+
+float to_float(const std::string& flag, const char* v) {
+  char* end = nullptr;
+  errno = 0;
+  if (std::isspace(static_cast<unsigned char>(*v))) die(flag + ": expected a number, got '" + std::string(v) + "'");
+  float x = std::strtof(v, &end);
+  if (end == v || *end != '\0') die(flag + ": expected a number, got '" + std::string(v) + "'");
+  if (errno == ERANGE || !std::isfinite(x)) die(flag + ": " + v + " is not a finite float32");
   return x;
 }
 
@@ -83,29 +120,29 @@ Args parse(int argc, char** argv, int first) {
       if (i + 1 >= argc) die(f + ": missing value");
       return argv[++i];
     };
-    if (f == "--batch") a.shape.batch = to_int(f, val());
-    else if (f == "--seqlen") a.shape.seqlen_q = a.shape.seqlen_k = to_int(f, val());
-    else if (f == "--seqlen-q") a.shape.seqlen_q = to_int(f, val()), a.seqlen_q_set = true;
-    else if (f == "--seqlen-k") a.shape.seqlen_k = to_int(f, val()), a.seqlen_k_set = true;
-    else if (f == "--heads") a.shape.heads = to_int(f, val());
-    else if (f == "--heads-kv") a.shape.heads_kv = to_int(f, val());
-    else if (f == "--hdim") a.shape.head_dim = to_int(f, val());
-    else if (f == "--hdim-v") a.shape.head_dim_v = to_int(f, val());
+    if (f == "--batch") a.shape.batch = to_size(f, val());
+    else if (f == "--seqlen") a.shape.seqlen_q = a.shape.seqlen_k = to_size(f, val());
+    else if (f == "--seqlen-q") a.shape.seqlen_q = to_size(f, val()), a.seqlen_q_set = true;
+    else if (f == "--seqlen-k") a.shape.seqlen_k = to_size(f, val()), a.seqlen_k_set = true;
+    else if (f == "--heads") a.shape.heads = to_size(f, val(), 1);
+    else if (f == "--heads-kv") a.shape.heads_kv = to_size(f, val());
+    else if (f == "--hdim") a.shape.head_dim = to_size(f, val());
+    else if (f == "--hdim-v") a.shape.head_dim_v = to_size(f, val());
     else if (f == "--dtype") a.shape.dtype = parse_dtype(val());
     else if (f == "--causal") a.shape.causal = true;
     else if (f == "--top-left") a.shape.top_left = true;
     else if (f == "--window") {
       auto parts = split(val());
       if (parts.size() != 2) die("--window: expected L,R (e.g. 256,0; -1 = unbounded)");
-      a.shape.window_left = to_int(f, parts[0].c_str());
-      a.shape.window_right = to_int(f, parts[1].c_str());
-    } else if (f == "--softcap") a.shape.softcap = std::strtof(val(), nullptr);
+      a.shape.window_left = to_int(f, parts[0].c_str(), -1, INT64_MAX);
+      a.shape.window_right = to_int(f, parts[1].c_str(), -1, INT64_MAX);
+    } else if (f == "--softcap") a.shape.softcap = to_float(f, val());
     else if (f == "--alibi") a.shape.alibi = true;
     else if (f == "--bwd") a.opt.backward = true;
     else if (f == "--check") a.opt.check = true;
-    else if (f == "--threads") a.opt.threads = int(to_int(f, val()));
-    else if (f == "--iters") a.opt.iters = int(to_int(f, val()));
-    else if (f == "--seed") a.opt.seed = uint64_t(to_int(f, val()));
+    else if (f == "--threads") a.opt.threads = int(to_int(f, val(), 0, INT_MAX));
+    else if (f == "--iters") a.opt.iters = int(to_int(f, val(), 0, INT_MAX));
+    else if (f == "--seed") a.opt.seed = to_u64(f, val());
     else if (f == "--backend") {
       std::string b = val();
       if (b == "auto") a.opt.backend = FA_BACKEND_AUTO;
@@ -115,24 +152,34 @@ Args parse(int argc, char** argv, int first) {
       else die("--backend: expected auto, cpu, cuda-sm80 or cuda-sm90");
     } else if (f == "--seqlens") {
       a.seqlens.clear();
-      for (auto& x : split(val())) a.seqlens.push_back(to_int(f, x.c_str()));
+      for (auto& x : split(val())) a.seqlens.push_back(to_size(f, x.c_str()));
     } else if (f == "--hdims") {
       a.hdims.clear();
-      for (auto& x : split(val())) a.hdims.push_back(to_int(f, x.c_str()));
+      for (auto& x : split(val())) a.hdims.push_back(to_size(f, x.c_str()));
     } else if (f == "--dtypes") {
       a.dtypes.clear();
       for (auto& x : split(val())) a.dtypes.push_back(parse_dtype(x));
     } else if (f == "--masks") {
       a.masks = split(val());
+      if (a.masks.empty()) die("--masks: expected none and/or causal");
       for (auto& m : a.masks)
         if (m != "none" && m != "causal") die("--masks: expected none and/or causal");
-    } else if (f == "--tokens") a.tokens = to_int(f, val());
+    } else if (f == "--tokens") a.tokens = to_size(f, val());
     else if (f == "--csv") a.csv = val();
     else if (f == "--md") a.md = val();
     else if (f == "--machine") a.machine = val();
     else die("unknown option '" + f + "' (see flashattn help)");
   }
   return a;
+}
+
+// A file the user asked for that cannot be written is an error, not a silent success.
+void write_file(const char* flag, const std::string& path, const std::string& text) {
+  errno = 0;
+  std::ofstream f(path);
+  if (f) f << text;
+  if (f) f.close();
+  if (!f) die(std::string(flag) + ": cannot write '" + path + "'" + (errno ? std::string(": ") + std::strerror(errno) : ""));
 }
 
 int cmd_run(Args a) {
@@ -149,9 +196,18 @@ int cmd_run(Args a) {
   IoPicture io = io_picture(s, r.block_q, r.block_k);
   std::printf("IO (forward) : standard QK^T/softmax/PV kernels move %s (S and P through memory);\n",
               human_bytes(io.standard_bytes).c_str());
-  std::printf("               this kernel (%dx%d tiles) moves %s: %.1fx less\n", r.block_q, r.block_k,
-              human_bytes(io.fused_bytes).c_str(), io.standard_bytes / io.fused_bytes);
-  if (a.opt.check) {
+  if (io.fused_bytes <= 0 || io.standard_bytes <= 0)
+    std::printf("               this kernel (%dx%d tiles) moves %s (empty problem)\n", r.block_q, r.block_k,
+                human_bytes(io.fused_bytes).c_str());
+  else if (io.standard_bytes >= io.fused_bytes)
+    std::printf("               this kernel (%dx%d tiles) moves %s: %.1fx less\n", r.block_q, r.block_k,
+                human_bytes(io.fused_bytes).c_str(), io.standard_bytes / io.fused_bytes);
+  else
+    std::printf("               this kernel (%dx%d tiles) moves %s: %.1fx more\n", r.block_q, r.block_k,
+                human_bytes(io.fused_bytes).c_str(), io.fused_bytes / io.standard_bytes);
+  if (a.opt.check && r.checked_rows == 0) {
+    std::printf("check        : PASS (empty problem: no rows to compare)\n");
+  } else if (a.opt.check) {
     std::printf("check (out)  : max_err %.3e mean_err %.3e tolerance %.3e (2x plain %s + floor)\n", r.max_err,
                 r.mean_err, r.tol, dtype_name(s.dtype));
     if (a.opt.backward) std::printf("check (dq)   : max_err %.3e tolerance %.3e\n", r.dq_max_err, r.dq_tol);
@@ -180,7 +236,7 @@ int cmd_bench(Args a) {
           s.head_dim = d;
           s.seqlen_q = s.seqlen_k = sl;
           s.causal = mask == "causal";
-          if (a.tokens > 0) s.batch = std::max<int64_t>(1, a.tokens / sl);
+          if (a.tokens > 0 && sl > 0) s.batch = std::max<int64_t>(1, a.tokens / sl);
           ++n;
           std::fprintf(stderr, "[%zu/%zu] %-46s ", n, total, s.describe().c_str());
           RunResult r = run_attention(s, a.opt);
@@ -223,8 +279,8 @@ int cmd_bench(Args a) {
        << "median of timed repeats.\n\n";
   const std::string table = head.str() + md.str();
   std::printf("%s", table.c_str());
-  if (!a.csv.empty()) std::ofstream(a.csv) << csv.str();
-  if (!a.md.empty()) std::ofstream(a.md) << table;
+  if (!a.csv.empty()) write_file("--csv", a.csv, csv.str());
+  if (!a.md.empty()) write_file("--md", a.md, table);
   for (const Row& w : rows)
     if (!w.r.ok) return 1;
   return 0;
@@ -232,7 +288,7 @@ int cmd_bench(Args a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   if (argc < 2) {
     // No arguments: a small causal fwd+bwd with a check, seconds on any machine.
     std::printf("(no command given: running `flashattn run --seqlen 1024 --heads 8 --hdim 64 --causal --bwd "
@@ -252,4 +308,21 @@ int main(int argc, char** argv) {
   if (cmd == "run") return cmd_run(a);
   if (cmd == "bench") return cmd_bench(a);
   die("unknown command '" + cmd + "' (see flashattn help)");
+}
+
+// Every exit goes through here: a failed write of stdout (a full disk, a closed pipe) is reported too.
+int main(int argc, char** argv) {
+  int rc;
+  try {
+    rc = run_main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    die("out of memory");
+  } catch (const std::exception& e) {
+    die(std::string("error: ") + e.what());
+  }
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "flashattn: cannot write standard output: %s\n", std::strerror(errno));
+    return 2;
+  }
+  return rc;
 }

@@ -19,6 +19,16 @@
  *   out_i = sum_j e^{s_ij} v_j / (e^{sink_h} + sum_j e^{s_ij}),  lse_i = log(e^{sink_h} + sum_j e^{s_ij});
  * a row with no visible key then has out = 0 and lse = sink_h. The backward writes dsinks (optional):
  *   dsink_h = -sum_{b,i} e^{sink_h - lse_i} * <dout_i, out_i>.
+ * A window side of at least the longest sequence (query or key) means the same as -1, so any int64 is safe.
+ *
+ * Bad input is an error, never a crash or a wrong answer:
+ *   - Outputs (out, lse; dq, dk, dv, dsinks) may share no memory with an input, another output or themselves (no
+ *     in-place attention): FA_ERROR_INVALID_ARGUMENT names both tensors. Views that interleave in one buffer
+ *     without sharing an element (dq, dk, dv of one packed dqkv) are accepted.
+ *   - Element counts and byte extents must fit in int64, batch, heads and sequence lengths below 2^31.
+ *   - Empty tensors (a zero in the shape) may have any strides and a NULL data pointer.
+ *   - fa_exec.num_threads above the machine's hardware thread count is clamped to it.
+ *   - No function throws or aborts: a failed host allocation is FA_ERROR_BACKEND with a message.
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H

@@ -90,6 +90,18 @@ def _is_numpy(a) -> bool:
     return type(a).__module__ == "numpy" and type(a).__name__ == "ndarray"
 
 
+def _check_numpy(arrays, outputs):
+    """The rules DLPack cannot carry, checked here so that the error names the argument (nanobind would only
+    say "incompatible function arguments"): native byte order, and writable outputs."""
+    for name, a in arrays.items():
+        if not _is_numpy(a):
+            continue
+        if not a.dtype.isnative:
+            raise ValueError(f"{name}: must be in native byte order (got a byte-swapped {a.dtype.name} array)")
+        if name in outputs and not a.flags.writeable:
+            raise ValueError(f"{name}: must be writable (got a read-only array)")
+
+
 def _numpy_empty(like, shape, dtype, what):
     if not _is_numpy(like):
         raise TypeError(
@@ -126,6 +138,11 @@ def _lse_shape(q, varlen):
 def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
             causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads, stream):
     left, right = window_pair(window_size)
+    # Out-of-range integers get the argument's rule here, not nanobind's bare "incompatible function arguments".
+    for name, value, lo, hi in (("window_size", left, -(2**63), 2**63 - 1), ("window_size", right, -(2**63), 2**63 - 1),
+                                ("num_threads", int(num_threads), 0, 2**31 - 1)):
+        if not lo <= value <= hi:
+            raise ValueError(f"{name}: must be in [{lo}, {hi}] (got {value})")
     return dict(
         cu_seqlens_q=_export(cu_seqlens_q),
         cu_seqlens_k=_export(cu_seqlens_k),
@@ -164,6 +181,8 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
         import numpy as np
 
         lse = _numpy_empty(q, _lse_shape(q, varlen), np.float32, "lse")
+    _check_numpy(dict(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks), ("out", "lse"))
     _C.forward(_export(q), _export(k), _export(v), _export(out), _export(lse), num_splits=int(num_splits),
                sinks=_export(sinks),
                **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
@@ -178,6 +197,10 @@ def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q
              dropout_p=0.0, sinks=None, dsinks=None, deterministic=False, backend="auto", num_threads=0, stream=0):
     """Attention backward from the forward's ``out`` and ``lse``. Returns ``(dq, dk, dv)``, and with ``sinks``
     ``(dq, dk, dv, dsinks)`` (dsinks: float32 (Hq), the sinks' gradient)."""
+    for name, a in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+        if a is None:
+            raise ValueError(f"{name}: required by the backward (got None)"
+                             + ("; pass the lse the forward returned" if name == "lse" else ""))
     if dq is None:
         dq = _numpy_empty(q, q.shape, q.dtype, "dq")
     if dk is None:
@@ -188,6 +211,9 @@ def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q
         import numpy as np
 
         dsinks = _numpy_empty(q, (q.shape[-2],), np.float32, "dsinks")
+    _check_numpy(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q,
+                      cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks,
+                      dsinks=dsinks), ("dq", "dk", "dv", "dsinks"))
     _C.backward(_export(dout), _export(q), _export(k), _export(v), _export(out), _export(lse), _export(dq),
                 _export(dk), _export(dv), deterministic=bool(deterministic), sinks=_export(sinks),
                 dsinks=_export(dsinks),

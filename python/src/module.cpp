@@ -54,13 +54,22 @@ std::string dtype_name(nb::dlpack::dtype t) {
   return s;
 }
 
+// The dtype rule of each argument, for a dtype the C ABI has no code for (the core states the same rules for
+// the dtypes it knows).
+std::string dtype_rule(const std::string& name) {
+  if (name == "cu_seqlens_q" || name == "cu_seqlens_k") return "int32 (prefix sums of sequence lengths)";
+  if (name == "seqused_k") return "int32 (keys used per sequence)";
+  if (name == "alibi_slopes") return "float32 (one slope per head)";
+  if (name == "lse") return "float32 (log-sum-exp per query row)";
+  return "float32, float16 or bfloat16";
+}
+
 fa_dtype to_fa_dtype(const char* name, nb::dlpack::dtype t) {
   if (t == nb::dtype<float>()) return FA_FLOAT32;
   if (t == nb::dtype<int32_t>()) return FA_INT32;
   if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Float)) return FA_FLOAT16;
   if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Bfloat)) return FA_BFLOAT16;
-  raise(PyExc_ValueError, std::string(name) + ": dtype must be float32, float16, bfloat16 or int32 (got " +
-                              dtype_name(t) + ")");
+  raise(PyExc_ValueError, std::string(name) + ": dtype must be " + dtype_rule(name) + " (got " + dtype_name(t) + ")");
 }
 
 // A non-owning fa_tensor view of a DLPack array (strides in elements, as DLPack and fa_tensor both use).

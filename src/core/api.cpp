@@ -1,5 +1,8 @@
 // The C ABI entry points: pick the backend, run the one validation, hand the Problem to the backend.
+// No exception crosses into a C caller: every entry point catches them (an allocation failure becomes
+// FA_ERROR_BACKEND with a message).
 #include <cmath>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -10,10 +13,36 @@ namespace flashattn::detail {
 namespace {
 
 thread_local std::string g_last_error;
+// Set instead of g_last_error when even the message could not be allocated.
+thread_local const char* g_static_error = nullptr;
 
 fa_status record(const Error& e) {
   g_last_error = e.message;
   return e.code;
+}
+
+fa_status record_static(const char* message) noexcept {
+  g_last_error.clear();  // never allocates
+  g_static_error = message;
+  return FA_ERROR_BACKEND;
+}
+
+// Runs an entry point's body; whatever it throws becomes FA_ERROR_BACKEND and the last error.
+template <class F>
+fa_status guarded(F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return record_static("out of memory: a host allocation failed");
+  } catch (const std::exception& e) {
+    try {
+      return record(backend_error(std::string("internal error: ") + e.what()));
+    } catch (...) {
+      return record_static("internal error (an exception was thrown)");
+    }
+  } catch (...) {
+    return record_static("internal error (an exception was thrown)");
+  }
 }
 
 Error pick_backend(const fa_tensor& q, const fa_exec& exec, const Backend** out) {
@@ -97,57 +126,72 @@ fa_exec fa_exec_default(void) {
   return e;
 }
 
-const char* fa_last_error(void) { return g_last_error.c_str(); }
+const char* fa_last_error(void) { return g_static_error ? g_static_error : g_last_error.c_str(); }
 
 fa_status fa_forward(const fa_fwd_params* params, const fa_exec* exec) {
-  g_last_error.clear();
-  if (params == nullptr) return record(invalid("params", "null pointer"));
-  const fa_exec x = exec ? *exec : fa_exec_default();
-  const Backend* backend = nullptr;
-  Problem problem;
-  if (Error e = prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
-                        Direction::kForward, x, &backend, &problem);
-      !e.ok())
-    return record(e);
-  if (Error e = backend->forward(problem, x); !e.ok()) return record(e);
-  return FA_OK;
+  return guarded([&] {
+    g_static_error = nullptr;
+    g_last_error.clear();
+    if (params == nullptr) return record(invalid("params", "null pointer"));
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    const Backend* backend = nullptr;
+    Problem problem;
+    if (Error e = prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
+                          Direction::kForward, x, &backend, &problem);
+        !e.ok())
+      return record(e);
+    if (Error e = backend->forward(problem, x); !e.ok()) return record(e);
+    return FA_OK;
+  });
 }
 
 fa_status fa_backward(const fa_bwd_params* params, const fa_exec* exec) {
-  g_last_error.clear();
-  if (params == nullptr) return record(invalid("params", "null pointer"));
-  const fa_exec x = exec ? *exec : fa_exec_default();
-  const Backend* backend = nullptr;
-  Problem problem;
-  if (Error e = prepare(params->attn, params->out, params->lse, &params->dout, &params->dq, &params->dk, &params->dv,
-                        Direction::kBackward, x, &backend, &problem, &params->dsinks);
-      !e.ok())
-    return record(e);
-  if (backend->backward == nullptr)
-    return record(unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet"));
-  if (Error e = backend->backward(problem, x); !e.ok()) return record(e);
-  return FA_OK;
+  return guarded([&] {
+    g_static_error = nullptr;
+    g_last_error.clear();
+    if (params == nullptr) return record(invalid("params", "null pointer"));
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    const Backend* backend = nullptr;
+    Problem problem;
+    if (Error e = prepare(params->attn, params->out, params->lse, &params->dout, &params->dq, &params->dk,
+                          &params->dv, Direction::kBackward, x, &backend, &problem, &params->dsinks);
+        !e.ok())
+      return record(e);
+    if (backend->backward == nullptr)
+      return record(unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet"));
+    if (Error e = backend->backward(problem, x); !e.ok()) return record(e);
+    return FA_OK;
+  });
 }
 
 const char* fa_backend_name(const fa_fwd_params* params, const fa_exec* exec) {
-  const fa_exec x = exec ? *exec : fa_exec_default();
-  const Backend* backend = nullptr;
-  if (params == nullptr || !pick_backend(params->attn.q, x, &backend).ok()) return "none";
-  return backend->name;
+  const char* name = "none";
+  guarded([&] {
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    const Backend* backend = nullptr;
+    if (params != nullptr && pick_backend(params->attn.q, x, &backend).ok()) name = backend->name;
+    return FA_OK;
+  });
+  return name;
 }
 
 void fa_forward_tile_shape(const fa_fwd_params* params, const fa_exec* exec, int* block_q, int* block_k) {
-  *block_q = *block_k = 0;
-  const fa_exec x = exec ? *exec : fa_exec_default();
-  const Backend* backend = nullptr;
-  Problem problem;
-  if (params == nullptr || !prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
-                                    Direction::kForward, x, &backend, &problem)
-                                .ok())
-    return;
-  TileShape t = backend->tile_shape(problem);
-  *block_q = t.block_q;
-  *block_k = t.block_k;
+  int bq = 0, bk = 0;
+  guarded([&] {
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    const Backend* backend = nullptr;
+    Problem problem;
+    if (params == nullptr || !prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
+                                      Direction::kForward, x, &backend, &problem)
+                                  .ok())
+      return FA_OK;
+    TileShape t = backend->tile_shape(problem);
+    bq = t.block_q;
+    bk = t.block_k;
+    return FA_OK;
+  });
+  if (block_q) *block_q = bq;
+  if (block_k) *block_k = bk;
 }
 
 fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim, const int64_t* shape) {
@@ -156,11 +200,16 @@ fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim,
   t.dtype = dtype;
   t.device = device;
   t.ndim = ndim;
+  if (shape == nullptr && ndim > 0) {
+    t.ndim = -1;  // no shape to copy: the validation reports the rank of the argument
+    return t;
+  }
   int64_t stride = 1;
   for (int i = (ndim < FA_MAX_DIMS ? ndim : FA_MAX_DIMS) - 1; i >= 0; --i) {
     t.shape[i] = shape[i];
     t.stride[i] = stride;
-    stride *= shape[i] > 0 ? shape[i] : 1;
+    // Saturates instead of wrapping: the validation then reports the tensor as too large to address.
+    if (__builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride)) stride = INT64_MAX;
   }
   return t;
 }

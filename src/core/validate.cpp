@@ -1,6 +1,8 @@
 // The one validation every backend goes through. Each rule reports "<argument>: <rule> (got ...)".
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <sstream>
 
 #include "core/problem.hpp"
@@ -17,6 +19,8 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kHeadDimMultiple = 8;
+// Batch, heads and sequence lengths are int32 in the kernels (and cu_seqlens are int32 anyway).
+constexpr int64_t kMaxCount = (int64_t(1) << 31) - 1;
 
 const char* dtype_str(fa_dtype t) {
   switch (t) {
@@ -49,23 +53,62 @@ std::string shape_str(std::initializer_list<int64_t> dims) {
 
 bool known_dtype(fa_dtype t) { return t == FA_FLOAT32 || t == FA_FLOAT16 || t == FA_BFLOAT16 || t == FA_INT32; }
 
-// Structural checks common to every tensor argument: present, rank, dtype known, device, strides.
+std::string strides_str(const fa_tensor& t) {
+  std::ostringstream s;
+  s << "(";
+  for (int i = 0; i < t.ndim && i < FA_MAX_DIMS; ++i) s << (i ? ", " : "") << t.stride[i];
+  s << ")";
+  return s.str();
+}
+
+int64_t numel(const fa_tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim && i < FA_MAX_DIMS; ++i) n *= t.shape[i];  // overflow excluded by check_tensor
+  return n;
+}
+
+// Structural checks common to every tensor argument: present, rank, dtype known, device, strides, and a
+// size that int64 arithmetic can address (every offset a backend computes is then free of overflow).
 Error check_tensor(const char* name, const fa_tensor& t, int ndim, const fa_tensor& ref_device,
                    bool unit_last, const Requirements& req) {
   if (t.ndim != ndim)
     return invalid(name, "must have " + std::to_string(ndim) + " dimensions (got " + std::to_string(t.ndim) + ")");
-  int64_t numel = 1;
-  for (int i = 0; i < ndim; ++i) numel *= t.shape[i];
-  // Empty tensors may come without storage (frameworks hand out null pointers for them).
-  if (t.data == nullptr && numel != 0) return invalid(name, "null data pointer");
   if (!known_dtype(t.dtype)) return invalid(name, "unknown dtype code " + std::to_string(int(t.dtype)));
+  for (int i = 0; i < ndim; ++i)
+    if (t.shape[i] < 0) return invalid(name, "negative size in shape " + shape_str(t));
+  // Element count and extent (largest element offset + 1, in bytes) must fit in int64: a product that wrapped
+  // would let a huge tensor pass as an empty one, and offsets computed by the kernels would wrap too.
+  int64_t count = 1;
+  bool too_big = false;
+  for (int i = 0; i < ndim; ++i) too_big |= __builtin_mul_overflow(count, t.shape[i], &count);
+  if (too_big) return invalid(name, "element count of shape " + shape_str(t) + " overflows int64");
+  // Empty tensors may come without storage (frameworks hand out null pointers for them), and their strides
+  // mean nothing (numpy gives zero-size arrays zero strides): no stride or alignment rule applies.
+  if (count == 0) {
+    if (t.device != ref_device.device || t.device_index != ref_device.device_index)
+      return invalid(name, "must be on the same device as q");
+    return ok();
+  }
+  if (t.data == nullptr) return invalid(name, "null data pointer");
   if (t.device != ref_device.device || t.device_index != ref_device.device_index)
     return invalid(name, "must be on the same device as q");
-  for (int i = 0; i < ndim; ++i) {
-    if (t.shape[i] < 0) return invalid(name, "negative size in shape " + shape_str(t));
+  for (int i = 0; i < ndim; ++i)
     if (t.stride[i] < 0)
       return invalid(name, "negative stride " + std::to_string(t.stride[i]) + " in dimension " + std::to_string(i));
+  int64_t last = 0;  // largest element offset
+  for (int i = 0; i < ndim; ++i) {
+    int64_t step = 0;
+    too_big |= __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &step);
+    too_big |= __builtin_add_overflow(last, step, &last);
   }
+  int64_t bytes = 0;
+  too_big |= __builtin_add_overflow(last, int64_t(1), &bytes);
+  too_big |= __builtin_mul_overflow(bytes, elem_size(t.dtype), &bytes);
+  uintptr_t end = 0;
+  too_big |= __builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), uintptr_t(too_big ? 0 : bytes), &end);
+  if (too_big)
+    return invalid(name, "shape " + shape_str(t) + " with strides " + strides_str(t) +
+                             " spans more memory than int64 byte offsets can address");
   if (unit_last && t.shape[ndim - 1] > 1 && t.stride[ndim - 1] != 1)
     return invalid(name, "last dimension must have unit stride (got stride " + std::to_string(t.stride[ndim - 1]) + ")");
   int64_t align = req.pointer_alignment_bytes > 0 ? req.pointer_alignment_bytes : elem_size(t.dtype);
@@ -79,6 +122,64 @@ Error check_tensor(const char* name, const fa_tensor& t, int ndim, const fa_tens
                                  " backend (got " + std::to_string(t.stride[i]) + ")");
   }
   return ok();
+}
+
+// The memory of a (validated, non-empty) tensor as rows: the innermost dimensions that are laid out
+// contiguously merge into rows of `width` bytes; every row starts at `lo` plus a multiple of `period` (the
+// gcd of the remaining strides, in bytes; 0 when the whole tensor is one contiguous row). This is what
+// lets views that interleave in one buffer (dq, dk, dv of a packed dqkv) be told apart from real overlap.
+struct Footprint {
+  const char* name;
+  uint64_t lo = 0, hi = 0;  // [lo, hi) in bytes
+  uint64_t width = 0, period = 0;
+};
+
+Footprint footprint_of(const char* name, const fa_tensor& t) {
+  Footprint f;
+  f.name = name;
+  const int64_t e = elem_size(t.dtype);
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dimensions that move
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    last += (t.shape[i] - 1) * t.stride[i];
+    if (t.shape[i] > 1 && t.stride[i] > 0) dims.push_back({t.stride[i], t.shape[i]});
+  }
+  std::sort(dims.begin(), dims.end());
+  f.lo = reinterpret_cast<uintptr_t>(t.data);
+  f.hi = f.lo + uint64_t((last + 1) * e);
+  f.width = uint64_t(e);
+  size_t i = 0;
+  for (; i < dims.size() && uint64_t(dims[i].first * e) == f.width; ++i) f.width *= uint64_t(dims[i].second);
+  for (; i < dims.size(); ++i) f.period = std::gcd(f.period, uint64_t(dims[i].first * e));
+  return f;
+}
+
+// True unless the two footprints provably share no byte: disjoint ranges, or rows that fall into disjoint
+// residue classes modulo the common period. Conservative: an exotic interleaving it cannot prove disjoint
+// counts as overlap.
+bool may_overlap(const Footprint& a, const Footprint& b) {
+  if (a.hi <= b.lo || b.hi <= a.lo) return false;
+  if (a.period == 0 || b.period == 0) return true;
+  const uint64_t g = std::gcd(a.period, b.period);
+  if (a.width > g || b.width > g) return true;
+  // a's rows cover the residues [0, a.width) modulo g, b's cover [r, r + b.width).
+  const uint64_t r = b.lo >= a.lo ? (b.lo - a.lo) % g : (g - (a.lo - b.lo) % g) % g;
+  return !(r >= a.width && r + b.width <= g);
+}
+
+// An output must give every element its own memory: with the moving dimensions sorted by stride, each
+// stride must clear everything the smaller ones reach (a sufficient test; zero strides fail it).
+bool self_overlapping(const fa_tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] > 1) dims.push_back({t.stride[i], t.shape[i]});
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 1;  // elements spanned by the dimensions so far
+  for (const auto& [stride, size] : dims) {
+    if (stride < reach) return true;
+    reach += (size - 1) * stride;
+  }
+  return false;
 }
 
 Error check_shape(const char* name, const fa_tensor& t, std::initializer_list<int64_t> want) {
@@ -193,8 +294,10 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   if (varlen) {
     p->total_q = a.q.shape[0];
     p->total_k = a.k.shape[0];
-    if (a.max_seqlen_q < 0) return invalid("max_seqlen_q", "must be non-negative");
-    if (a.max_seqlen_k < 0) return invalid("max_seqlen_k", "must be non-negative");
+    if (a.max_seqlen_q < 0 || a.max_seqlen_q > kMaxCount)
+      return invalid("max_seqlen_q", "must be in [0, 2^31 - 1] (got " + std::to_string(a.max_seqlen_q) + ")");
+    if (a.max_seqlen_k < 0 || a.max_seqlen_k > kMaxCount)
+      return invalid("max_seqlen_k", "must be in [0, 2^31 - 1] (got " + std::to_string(a.max_seqlen_k) + ")");
     if (Error e = check_cu_seqlens("cu_seqlens_q", a.cu_seqlens_q, a.q, host_cu_q, p->total_q, "q", a.max_seqlen_q,
                                    "max_seqlen_q", req, &p->host_cu_q);
         !e.ok())
@@ -218,9 +321,16 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     p->seqlen_k = a.k.shape[1];
     if (a.k.shape[0] != p->batch)
       return invalid("k", "batch must equal q's (" + std::to_string(p->batch) + ", got " + std::to_string(a.k.shape[0]) + ")");
-    p->total_q = p->batch * p->seqlen_q;
+    p->total_q = p->batch * p->seqlen_q;  // no overflow: bounded by q's element count
     p->total_k = p->batch * p->seqlen_k;
   }
+  auto count_rule = [](const char* name, const char* what, int64_t n) {
+    return invalid(name, std::string(what) + " must be at most 2^31 - 1 (got " + std::to_string(n) + ")");
+  };
+  if (p->batch > kMaxCount) return count_rule(varlen ? "cu_seqlens_q" : "q", "batch", p->batch);
+  if (p->heads_q > kMaxCount) return count_rule("q", "heads", p->heads_q);
+  if (p->seqlen_q > kMaxCount) return count_rule("q", "seqlen_q", p->seqlen_q);
+  if (p->seqlen_k > kMaxCount) return count_rule("k", "seqlen_k", p->seqlen_k);
 
   if (a.seqused_k.data != nullptr) {
     const Requirements plain{0, 1, true, req.name};
@@ -268,6 +378,18 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   p->alignment = a.causal_alignment;
   p->window_left = a.window_left;
   p->window_right = a.causal ? 0 : a.window_right;
+  // A window side of at least the longest sequence reaches past every key (the diagonal of any row lies in
+  // [-len_q, len_k)), so it is the unbounded side: normalised to -1, any int64 is safe in the mask arithmetic
+  // (and every window left is below 2^31, as the kernels' int32 fields need).
+  int64_t longest = std::max(p->seqlen_q, p->seqlen_k);
+  if (varlen) {
+    longest = 0;
+    for (size_t b = 0; b + 1 < p->host_cu_q.size(); ++b)
+      longest = std::max<int64_t>({longest, int64_t(p->host_cu_q[b + 1]) - p->host_cu_q[b],
+                                   int64_t(p->host_cu_k[b + 1]) - p->host_cu_k[b]});
+  }
+  if (p->window_left >= longest) p->window_left = -1;
+  if (p->window_right >= longest) p->window_right = -1;
 
   if (a.alibi_slopes.data != nullptr) {
     const fa_tensor& s = a.alibi_slopes;
@@ -355,6 +477,42 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     if (Error e = check_dtype("dsinks", *dsinks, FA_FLOAT32, "(like sinks)"); !e.ok()) return e;
     if (Error e = check_shape("dsinks", *dsinks, {p->heads_q}); !e.ok()) return e;
     p->dsinks = static_cast<float*>(dsinks->data);
+  }
+
+  // Outputs are written while inputs are still read (and by many threads at once): an output sharing memory
+  // with an input, with another output or with itself would give wrong results, so it is refused.
+  std::vector<std::pair<const char*, const fa_tensor*>> outputs, inputs = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
+  for (auto [name, t] : {std::pair<const char*, const fa_tensor*>{"cu_seqlens_q", &a.cu_seqlens_q},
+                         {"cu_seqlens_k", &a.cu_seqlens_k}, {"seqused_k", &a.seqused_k},
+                         {"alibi_slopes", &a.alibi_slopes}, {"sinks", &a.sinks}})
+    if (t->data != nullptr) inputs.push_back({name, t});
+  if (dir == Direction::kForward) {
+    outputs.push_back({"out", &out});
+    if (lse.data != nullptr) outputs.push_back({"lse", &lse});
+  } else {
+    inputs.insert(inputs.end(), {{"out", &out}, {"lse", &lse}, {"dout", dout}});
+    outputs = {{"dq", dq}, {"dk", dk}, {"dv", dv}};
+    if (p->dsinks != nullptr) outputs.push_back({"dsinks", dsinks});
+  }
+  std::vector<Footprint> written, read;
+  for (const auto& [name, t] : outputs) {
+    if (numel(*t) == 0) continue;
+    if (self_overlapping(*t))
+      return invalid(name, "elements overlap in memory (strides " + strides_str(*t) + " for shape " + shape_str(*t) +
+                               "); an output needs its own memory for every element");
+    written.push_back(footprint_of(name, *t));
+  }
+  for (const auto& [name, t] : inputs)
+    if (numel(*t) != 0) read.push_back(footprint_of(name, *t));
+  for (size_t i = 0; i < written.size(); ++i) {
+    for (size_t j = 0; j < i; ++j)
+      if (may_overlap(written[j], written[i]))
+        return invalid(written[i].name, std::string("must not overlap ") + written[j].name +
+                                            " in memory (outputs may share no memory with each other or with inputs)");
+    for (const Footprint& r : read)
+      if (may_overlap(r, written[i]))
+        return invalid(written[i].name, std::string("must not overlap ") + r.name +
+                                            " in memory (outputs may share no memory with each other or with inputs)");
   }
   return ok();
 }

@@ -119,7 +119,11 @@ RowTransform row_transform(const Problem& p, int64_t b, int64_t h, int64_t i, in
   return t;
 }
 
-int thread_count(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
+// More threads than the machine has never run faster, and thousands of them exhaust memory (or OpenMP):
+// requests above the hardware thread count are clamped to it (flashattn.h says so).
+int thread_count(int requested) {
+  return requested > 0 ? std::min(requested, omp_get_num_procs()) : omp_get_max_threads();
+}
 
 // Logits of a key tile against a query tile held transposed, St[key][query] (queries along the vector
 // lanes): scale, softcap, ALiBi and the mask, all branch-free per vector.

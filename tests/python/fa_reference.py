@@ -68,6 +68,8 @@ def _logits(qb, kb, slope, mask, scale, rnd):
     left, right = mask.window
     if mask.causal:
         right = 0
+    # Python ints, clamped before numpy's int64 sees them: a side of sq + sk or more reaches every key anyway.
+    left, right = (min(int(w), sq + sk) for w in (left, right))
     visible = np.ones((sq, sk), dtype=bool)
     if left >= 0:
         visible &= j >= diag - left

@@ -1,0 +1,365 @@
+// Fuzz tier (issue 16): a seeded generator of malformed and extreme calls, each run in its own child process
+// so that a crash, an abort or a hang is caught and reported as a failure of that case, never of the run.
+// A case passes when the call gives a named error (FA_ERROR_INVALID_ARGUMENT or FA_ERROR_UNSUPPORTED whose
+// message starts with "<argument>:") or succeeds with outputs that pass the float64 reference check.
+//
+//   C ABI: a random valid problem (small shapes, empty dimensions, every mask, huge windows and thread
+//          counts, packed layouts), then at most one breaking mutation from the list below.
+//   CLI:   random option lists with malformed, negative, huge and valid values; the tool must exit 0, 1 or
+//          2 with a message, never with a signal, and `--check` must never print FAIL.
+// Cases per tier: FA_FUZZ_CASES (default: 300 C ABI + 150 CLI in the fast tier; the deep tier runs
+// 10,000 + 2,000). FA_FUZZ_SEED picks another stream of cases.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "attention_case.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+constexpr int kCaseTimeoutS = 120;
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
+}
+
+// Runs `body` in a forked child with an alarm; returns "" when it exited 0, else what went wrong. The parent
+// of the fuzz tests never runs a kernel itself (a forked child of a process that has run OpenMP regions can
+// hang in libgomp), so every child starts with a clean OpenMP runtime.
+std::string in_child(const std::function<int()>& body, const std::string& log_path) {
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return "fork failed";
+  if (pid == 0) {
+    if (!log_path.empty() && !std::freopen(log_path.c_str(), "w", stderr)) _exit(97);
+    alarm(kCaseTimeoutS);
+    int rc = 98;
+    try {
+      rc = body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "exception escaped: %s\n", e.what());
+    }
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status))
+    return WTERMSIG(status) == SIGALRM ? "hung (no result after " + std::to_string(kCaseTimeoutS) + " s)"
+                                       : "killed by signal " + std::to_string(WTERMSIG(status));
+  if (WEXITSTATUS(status) != 0) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  return "";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// A named error: a known argument, a colon, the rule.
+bool named(const std::string& message) {
+  static const char* kNames[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "cu_seqlens_q",
+                                 "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
+                                 "softcap", "window_left", "window_right", "causal_alignment", "alibi_slopes",
+                                 "dropout_p", "exec.backend", "exec.num_threads", "params", "cpu"};
+  for (const char* n : kNames) {
+    const std::string prefix = std::string(n) + ":";
+    if (message.compare(0, prefix.size(), prefix) == 0 && message.size() > prefix.size() + 2) return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------- the C ABI generator
+// The call being broken: its attention description and its tensors (inputs first, then the outputs).
+struct Call {
+  fa_attention* attn;
+  std::vector<fa_tensor*> tensors;
+  size_t first_output;
+};
+
+struct Mutation {
+  const char* name;
+  bool keeps_problem;  // an accepted call still computes the unbroken problem (checked against the reference)
+  std::function<void(Call&, std::mt19937_64&)> apply;
+};
+
+// Sizes and strides the library can tell are wrong from the description alone (negative, or reaching past
+// what int64 byte offsets address) or that only shrink the tensor (0). A stride or size that is merely larger
+// than the caller's buffer describes memory the caller claims to own: no C API can detect that lie.
+int64_t extreme_size(std::mt19937_64& rng) {
+  const int64_t v[] = {-1, -2, INT64_MIN, INT64_MAX, INT64_MAX - 1, int64_t(1) << 62, 0};
+  return v[rng() % (sizeof v / sizeof v[0])];
+}
+
+int64_t extreme(std::mt19937_64& rng) {
+  const int64_t v[] = {-1, -2, INT64_MIN, INT64_MAX, INT64_MAX - 1, int64_t(1) << 31, int64_t(1) << 32,
+                       int64_t(1) << 62, 3, 0};
+  return v[rng() % (sizeof v / sizeof v[0])];
+}
+
+const std::vector<Mutation>& mutations() {
+  static const std::vector<Mutation> m = {
+      {"shape extreme", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->shape[r() % 4] = extreme_size(r); }},
+      {"stride extreme", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->stride[r() % 4] = extreme_size(r); }},
+      {"null data", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->data = nullptr; }},
+      {"misaligned", false, [](Call& c, std::mt19937_64& r) {
+         fa_tensor* t = c.tensors[r() % c.tensors.size()];
+         t->data = static_cast<char*>(t->data) + 1;
+       }},
+      {"dtype", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->dtype = fa_dtype(int(r() % 6) - 1); }},
+      {"rank", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->ndim = int(r() % 7) - 1; }},
+      {"device", false, [](Call& c, std::mt19937_64& r) {
+         fa_tensor* t = c.tensors[r() % c.tensors.size()];
+         if (r() % 2) t->device_index = 3; else t->device = fa_device(7);
+       }},
+      {"output aliases", false, [](Call& c, std::mt19937_64& r) {
+         const size_t n_out = c.tensors.size() - c.first_output;
+         fa_tensor* o = c.tensors[c.first_output + r() % n_out];
+         fa_tensor* other = c.tensors[r() % c.tensors.size()];
+         if (other != o) o->data = other->data;
+         else o->stride[r() % 3] = 0;  // overlapping itself
+       }},
+      {"window", true, [](Call& c, std::mt19937_64& r) { (r() % 2 ? c.attn->window_left : c.attn->window_right) = extreme(r); }},
+      {"scalars", false, [](Call& c, std::mt19937_64& r) {
+         const float v[] = {NAN, INFINITY, -INFINITY, -1.f, 0.f, 1e-30f, 1e30f, 0.5f};
+         switch (r() % 4) {
+           case 0: c.attn->has_softmax_scale = 1; c.attn->softmax_scale = v[r() % 8]; break;
+           case 1: c.attn->softcap = v[r() % 8]; break;
+           case 2: c.attn->dropout_p = v[r() % 8]; break;
+           default: c.attn->causal_alignment = fa_causal_alignment(int(r() % 5) - 2);
+         }
+       }},
+      {"max_seqlen", false, [](Call& c, std::mt19937_64& r) {
+         c.attn->max_seqlen_q = extreme(r);
+         if (r() % 2) c.attn->max_seqlen_k = extreme(r);
+       }},
+  };
+  return m;
+}
+
+Case random_case(std::mt19937_64& rng) {
+  auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+  Case c;
+  c.seed = rng();
+  c.dtype = pick({FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16}) == FA_FLOAT32 ? FA_FLOAT32 : rng() % 2 ? FA_FLOAT16 : FA_BFLOAT16;
+  c.heads_kv = pick({1, 2});
+  c.heads_q = c.heads_kv * pick({1, 2, 3});
+  c.head_dim = pick({8, 16, 24, 64});
+  c.head_dim_v = rng() % 4 == 0 ? pick({8, 32}) : 0;
+  if (rng() % 3 == 0) {
+    const int n = int(pick({1, 2, 3}));
+    for (int b = 0; b < n; ++b) {
+      c.varlen_q.push_back(int32_t(pick({0, 1, 5, 17, 70})));
+      c.varlen_k.push_back(int32_t(pick({0, 1, 9, 33, 65})));
+    }
+    if (rng() % 4 == 0)
+      for (int b = 0; b < n; ++b) c.seqused_k.push_back(int32_t(rng() % (c.varlen_k[size_t(b)] + 1)));
+  } else {
+    c.batch = pick({0, 1, 2, 2});
+    c.seqlen_q = pick({0, 1, 7, 17, 64, 65, 100});
+    c.seqlen_k = pick({0, 1, 9, 33, 64, 130});
+  }
+  c.causal = rng() % 3 == 0;
+  c.top_left = rng() % 3 == 0;
+  if (rng() % 3 == 0) {
+    c.window_left = pick({-1, 0, 3, 40, int64_t(1) << 40, INT64_MAX - 1, INT64_MAX});
+    c.window_right = c.causal ? pick({-1, 0}) : pick({-1, 0, 2, 50, INT64_MAX});
+  }
+  c.softcap = rng() % 4 == 0 ? float(pick({1, 5, 30})) : 0.f;
+  c.alibi = rng() % 4 == 0;
+  c.head_pad = rng() % 4 == 0 ? pick({8, 16}) : 0;
+  c.threads = int(pick({0, 1, 3, 100000, INT_MAX}));
+  return c;
+}
+
+// One C ABI case; the child's exit status says whether it passed (its stderr says why not).
+int capi_case(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Case c = random_case(rng);
+  const bool backward = rng() % 3 == 0;
+  // The fp32 backward's long reductions exceed Comparison's fp32 floor (1 ulp at the largest magnitude) on
+  // some shapes; that tolerance is not this tier's subject, so backward cases run in 16-bit types.
+  if (backward && c.dtype == FA_FLOAT32) c.dtype = FA_BFLOAT16;
+  const bool mutate = rng() % 4 != 0;
+  const Mutation* m = mutate ? &mutations()[rng() % mutations().size()] : nullptr;
+  // A window mutation that the library accepts is the unbroken problem with that window: apply it to the
+  // case itself, so that the reference sees it too.
+  if (m && m->keeps_problem) {
+    fa_attention a = fa_attention_default();
+    a.window_left = c.window_left;
+    a.window_right = c.window_right;
+    Call call{&a, {}, 0};
+    m->apply(call, rng);
+    c.window_left = a.window_left;
+    c.window_right = a.window_right;
+  }
+  std::fprintf(stderr, "case %s%s, mutation %s\n", c.name().c_str(), backward ? " bwd" : " fwd", m ? m->name : "none");
+  Problem pr(c);
+  if (backward) {
+    if (c.causal && c.window_right > 0) return 0;  // not a valid forward to start from: covered by fwd cases
+    Status st = pr.run_forward();
+    if (!st.ok()) {
+      std::fprintf(stderr, "status %d: %s\n", int(st.code), st.message.c_str());
+      return m && m->keeps_problem && st.code == FA_ERROR_INVALID_ARGUMENT && named(st.message) ? 0 : 1;
+    }
+  }
+  FwdParams f = pr.fwd();
+  BwdParams b = pr.bwd();
+  Call call = backward ? Call{&b.attn, {&b.attn.q, &b.attn.k, &b.attn.v, &b.out, &b.lse, &b.dout, &b.dq, &b.dk, &b.dv}, 6}
+                       : Call{&f.attn, {&f.attn.q, &f.attn.k, &f.attn.v, &f.out, &f.lse}, 3};
+  if (m && !m->keeps_problem) m->apply(call, rng);
+  Status st = backward ? flashattn::backward(b, pr.exec()) : flashattn::forward(f, pr.exec());
+  if (!st.ok()) {
+    std::fprintf(stderr, "status %d: %s\n", int(st.code), st.message.c_str());
+    if (m == nullptr) return 1;  // the unbroken problem is valid
+    if (st.code != FA_ERROR_INVALID_ARGUMENT && st.code != FA_ERROR_UNSUPPORTED) return 1;
+    return named(st.message) ? 0 : 1;
+  }
+  // Accepted after a breaking mutation: a layout or scalar change that still describes valid memory (e.g.
+  // a zero-size dimension, a scale of 0.5); no crash is the bar. Otherwise the outputs must be right.
+  if (m && !m->keeps_problem) return 0;
+  if (backward) {
+    Accuracy g = pr.check_backward();
+    if (g.dq.passed() && g.dk.passed() && g.dv.passed()) return 0;
+    std::fprintf(stderr, "wrong gradients: dq %s dk %s dv %s\n", g.dq.summary().c_str(), g.dk.summary().c_str(),
+                 g.dv.summary().c_str());
+    return 1;
+  }
+  Accuracy a = pr.check_forward();
+  if (a.out.passed() && (!c.lse || a.lse.passed())) return 0;
+  std::fprintf(stderr, "wrong output: out %s lse %s\n", a.out.summary().c_str(), a.lse.summary().c_str());
+  return 1;
+}
+
+void run_capi(int64_t cases) {
+  const uint64_t base = uint64_t(env_int("FA_FUZZ_SEED", 1));
+  const std::string log = ::testing::TempDir() + "fa_fuzz_capi.log";
+  int failures = 0;
+  for (int64_t i = 0; i < cases; ++i) {
+    const uint64_t seed = base * 1000003u + uint64_t(i);
+    std::string why = in_child([seed] { return capi_case(seed); }, log);
+    if (!why.empty()) {
+      ADD_FAILURE() << "C ABI case seed " << seed << ": " << why << "\n" << read_file(log);
+      if (++failures >= 10) return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the CLI generator
+// `malformed` is set when some value is not a number of the option's kind: the tool must then refuse.
+std::vector<std::string> cli_args(std::mt19937_64& rng, bool* malformed) {
+  auto any = [&](std::initializer_list<const char*> v) { return std::string(*(v.begin() + rng() % v.size())); };
+  const char* bad_numbers[] = {"-1", "abc", "5x", "", "1e3", "0x10", "9223372036854775808", "-9223372036854775809",
+                               "4611686018427387904", "2147483648", " 7", "nan", "inf", "--"};
+  auto number = [&](std::initializer_list<const char*> good, bool integer = true, bool u64 = false) {
+    if (rng() % 3 != 0) return any(good);
+    const std::string v = bad_numbers[rng() % (sizeof bad_numbers / sizeof bad_numbers[0])];
+    const bool not_a_float = v == "abc" || v == "5x" || v.empty() || v == " 7" || v == "--" || v == "nan" || v == "inf";
+    const bool not_an_int = not_a_float || v == "1e3" || v == "0x10" || (v == "9223372036854775808" && !u64) ||
+                            v == "-9223372036854775809" || (u64 && v[0] == '-');
+    if (integer ? not_an_int : not_a_float) *malformed = true;
+    return v;
+  };
+  std::vector<std::string> a;
+  const bool bench = rng() % 4 == 0;
+  a.push_back(bench ? "bench" : "run");
+  // A small problem first, so that valid runs are quick; the random options may override it.
+  for (const char* x : {"--seqlen", "24", "--heads", "2", "--hdim", "8", "--iters", "1"}) a.push_back(x);
+  if (bench) for (const char* x : {"--seqlens", "16", "--hdims", "8", "--dtypes", "fp32", "--masks", "none"}) a.push_back(x);
+  const int n = int(rng() % 4);
+  for (int i = 0; i < n; ++i) {
+    switch (rng() % 17) {
+      case 0: a.push_back("--batch"); a.push_back(number({"0", "1", "2"})); break;
+      case 1: a.push_back("--seqlen"); a.push_back(number({"0", "1", "17", "65"})); break;
+      case 2: a.push_back("--seqlen-k"); a.push_back(number({"0", "3", "40"})); break;
+      case 3: a.push_back("--heads"); a.push_back(number({"0", "1", "3"})); break;
+      case 4: a.push_back("--heads-kv"); a.push_back(number({"0", "1", "2"})); break;
+      case 5: a.push_back("--hdim"); a.push_back(number({"8", "12", "16", "0", "264"})); break;
+      case 6: a.push_back("--window"); a.push_back(any({"3,0", "-1,-1", "-2,0", "9223372036854775807,9223372036854775807",
+                                                        "1", "a,b", "5,", "0,9223372036854775808"})); break;
+      case 7: a.push_back("--softcap"); a.push_back(number({"0", "2.5", "30"}, false)); break;
+      case 8: a.push_back("--threads"); a.push_back(number({"0", "1", "100000"})); break;
+      case 9: a.push_back("--seed"); a.push_back(number({"0", "18446744073709551615", "7"}, true, true)); break;
+      case 10: a.push_back("--dtype"); a.push_back(any({"bf16", "fp16", "fp32", "fp64", ""})); break;
+      case 11: a.push_back(any({"--causal", "--top-left", "--alibi", "--bwd", "--check", "--bogus"})); break;
+      case 12: a.push_back("--check"); break;
+      case 13: a.push_back("--bwd"); break;
+      case 14: a.push_back("--backend"); a.push_back(any({"auto", "cpu", "cuda-sm80", "gpu"})); break;
+      case 15: a.push_back("--tokens"); a.push_back(number({"0", "48"})); break;
+      default: a.push_back(any({"--csv", "--md"})); a.push_back(any({"/nonexistent/x.csv", "/dev/null"})); break;
+    }
+  }
+  if (rng() % 10 == 0) a.pop_back();  // an option without its value
+  return a;
+}
+
+void run_cli(int64_t cases) {
+  const uint64_t base = uint64_t(env_int("FA_FUZZ_SEED", 1));
+  const std::string out = ::testing::TempDir() + "fa_fuzz_cli.out";
+  int failures = 0;
+  for (int64_t i = 0; i < cases; ++i) {
+    std::mt19937_64 rng(base * 7919u + uint64_t(i));
+    bool malformed = false;
+    const std::vector<std::string> args = cli_args(rng, &malformed);
+    std::string line = FA_CLI_PATH;
+    for (const std::string& s : args) line += " '" + s + "'";
+    const std::string why = in_child(
+        [&] {
+          if (!std::freopen(out.c_str(), "w", stdout)) return 97;
+          dup2(fileno(stdout), fileno(stderr));
+          std::vector<char*> argv;
+          argv.push_back(const_cast<char*>(FA_CLI_PATH));
+          for (const std::string& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+          argv.push_back(nullptr);
+          execv(FA_CLI_PATH, argv.data());
+          return 96;
+        },
+        "");
+    const std::string text = read_file(out);
+    std::string problem = why;
+    if (why.empty() || why.rfind("exited with status", 0) == 0) {
+      const bool failed = !why.empty();
+      const int code = failed ? std::atoi(why.c_str() + std::strlen("exited with status ")) : 0;
+      if (code > 2) problem = why + " (only 0, 1 and 2 are expected)";
+      else if (malformed && !failed) problem = "a malformed number was accepted";
+      else if (failed && text.find("flashattn:") == std::string::npos && text.find("error") == std::string::npos)
+        problem = "failed without a message";
+      else if (text.find("check        : FAIL") != std::string::npos)
+        problem = "--check failed: a wrong value";
+      else
+        problem.clear();
+    }
+    if (!problem.empty()) {
+      ADD_FAILURE() << "CLI case: " << line << "\n" << problem << "\n" << text;
+      if (++failures >= 10) return;
+    }
+  }
+}
+
+TEST(Fuzz, CApi) {
+  // FA_FUZZ_ONLY=<seed>: that one case, in this process (for a debugger).
+  if (const int64_t only = env_int("FA_FUZZ_ONLY", -1); only >= 0) {
+    EXPECT_EQ(capi_case(uint64_t(only)), 0);
+    return;
+  }
+  run_capi(env_int("FA_FUZZ_CASES", FA_FUZZ_CAPI_CASES));
+}
+TEST(Fuzz, Cli) { run_cli(env_int("FA_FUZZ_CASES", FA_FUZZ_CLI_CASES)); }
+
+}  // namespace
+}  // namespace flashattn::testing
