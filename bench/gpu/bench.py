@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import os
 import sys
 import time
@@ -386,6 +387,30 @@ def decode_rows(b: Bench, ours, quick: bool):
         empty_cache()
 
 
+def sink_rows(b: Bench, ours):
+    """The cost of learnable sinks (issue bar: <= 3%): ours with and without learnable_sink, bf16 d128, 8k tokens
+    x 1 sequence x 16 heads, causal and not, forward and backward, side by side (kind 'sinks')."""
+    if not ours.ok or "learnable_sink" not in inspect.signature(ours.module.flash_attn_func).parameters:
+        return
+    fa = ours.module
+    s, h, d = 8192, 16, 128
+    for causal in (0, 1):
+        base = dict(dtype="bf16", hdim=d, causal=causal, seqlen=s, batch=1, heads=h)
+        q, k, v = (torch.randn(1, s, h, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        sink = torch.randn(h, device=DEV, requires_grad=True)
+        flops = 4 * s * s * h * d / (2 if causal else 1)
+        for name, extra in (("ours", {}), ("ours_sink", {"learnable_sink": sink})):
+            b.measure("sinks_fwd", name, lambda: fa.flash_attn_func(q, k, v, causal=bool(causal), **extra), flops,
+                      base)
+            o = fa.flash_attn_func(q, k, v, causal=bool(causal), **extra)
+            do = torch.randn_like(o)
+            inputs = (q, k, v) + ((sink,) if extra else ())
+            b.measure("sinks_bwd", name, lambda: torch.autograd.grad(o, inputs, do, retain_graph=True), 2.5 * flops,
+                      base)
+        q = k = v = o = do = None  # noqa: F841
+        empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", required=True)
@@ -409,6 +434,7 @@ def main():
     decode_rows(b, ours, a.quick)
     if a.decode_only:
         return
+    sink_rows(b, ours)
     # The main table leaves the ablations their time, so that an ablation run always gets its table.
     main_deadline = a.deadline - (ablation_reserve_s(b) if a.ablations else 0)
     if attention_rows(b, ours, a.quick, main_deadline):

@@ -159,6 +159,7 @@ def markdown(out_dir, work, rows):
               "; ".join(f"{label} {m:.2f}" if m else f"{label} –" for label, m in means) + "."]
     L += ablation_table(rows)
     L += decode_table(rows)
+    L += sink_table(rows)
     mem = [r for r in rows if r["kind"] == "memory"]
     if mem:
         L += ["", "## Peak extra memory (MiB above the inputs; bf16, 1×16k×16 heads, d128, causal)", "",
@@ -179,6 +180,24 @@ def markdown(out_dir, work, rows):
     L += ["", "Logs: build.log, check.log, sanitizer.log, bench.log; raw numbers: results.csv; plots: plots.png.", ""]
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write("\n".join(L))
+
+
+def sink_table(rows):
+    """Markdown lines: ours with and without learnable sinks, forward and backward, and the cost of the sinks."""
+    sk = [r for r in rows if r["kind"] in ("sinks_fwd", "sinks_bwd")]
+    if not sk:
+        return []
+    per = defaultdict(dict)
+    for r in sk:
+        per[(r["kind"], int(r["causal"]))][r["backend"]] = num(r["ms"])
+    L = ["", f"## Learnable sinks ({sk[0]['dtype']} d{sk[0]['hdim']}, {sk[0]['batch']}×{sk[0]['seqlen']}, "
+         f"{sk[0]['heads']} heads; ms)", "", "| pass | causal | without | with sinks | cost |", "|---|---|---|---|---|"]
+    for (kind, causal), v in sorted(per.items()):
+        a, w = v.get("ours"), v.get("ours_sink")
+        cost = f"{(w / a - 1) * 100:+.1f}%" if a and w else "–"
+        L.append(f"| {kind.split('_')[1]} | {'yes' if causal else 'no'} | {a if a else 'n/a'} | "
+                 f"{w if w else 'n/a'} | {cost} |")
+    return L
 
 
 def decode_table(rows):
