@@ -265,8 +265,10 @@ finish_ctest() {
   [[ $(cat "$WORK/ctest_gpu.rc" 2>/dev/null) == 0 ]] || STATUS=1
   { echo "----- $GPU_CT_WHAT"; cat "$WORK/ctest_gpu.log"; } >>"$CHECK_LOG"
   GPU_CT="$(ctest_summary "$WORK/ctest_gpu.log") ($GPU_CT_WHAT)"
-  stamp "ctest -LE gpu (CPU suites)" | tee -a "$CHECK_LOG"
-  ctest --test-dir "$BUILD" -LE gpu -j "$JOBS" --output-on-failure --timeout "$(left 180 30)" >"$WORK/ctest_cpu.log" 2>&1 ||
+  # The fast tier only: the deep tier (CpuDeep, the fuzz's 10^4 cases) is scripts/run_tests.sh --deep's, and timed
+  # out inside this harness's budget (bench/results/2026-12-01_h200_session7/check.log).
+  stamp "ctest -LE gpu -L fast (CPU suites)" | tee -a "$CHECK_LOG"
+  ctest --test-dir "$BUILD" -LE gpu -L fast -j "$JOBS" --output-on-failure --timeout "$(left 180 30)" >"$WORK/ctest_cpu.log" 2>&1 ||
     STATUS=1
   tail -n 40 "$WORK/ctest_cpu.log" >>"$CHECK_LOG"
   CPU_CT=$(ctest_summary "$WORK/ctest_cpu.log")
@@ -286,7 +288,9 @@ fi
 PYTEST="not run"
 if ! skip pytest && [[ -n ${PYROOT:-} && -d $REPO/tests/python ]]; then
   stamp "pytest tests/python" | tee -a "$CHECK_LOG"
-  (cd "$REPO" && timeout "$(left 240 60)" "$PY" -m pytest tests/python -q -rs -p no:cacheprovider) \
+  # Without the Python fuzz (CPU-only bad input, one interpreter per case: CI runs it): it doubled this step.
+  (cd "$REPO" && timeout "$(left 240 60)" "$PY" -m pytest tests/python -q -rs -p no:cacheprovider \
+     --deselect tests/python/test_bad_input.py::test_fuzz) \
     >"$WORK/pytest.log" 2>&1 || STATUS=1
   cat "$WORK/pytest.log" >>"$CHECK_LOG"
   PYTEST=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$WORK/pytest.log" | tail -1 | tr -d '=' | xargs)

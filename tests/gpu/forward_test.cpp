@@ -577,12 +577,15 @@ TEST(Sm80Validation, TileShapeReported) {
   namespace sm80 = flashattn::cuda::sm80;
   static_assert(sm80::compact_for_short_keys(256), "the d256 unmasked tile depends on the key length");
   call.p.attn.causal = 0;
+  // Separate memory per tensor: an output overlapping an input is refused (validate.cpp).
+  constexpr int64_t kRegion = (sm80::kShortKeys + 1) * 256;
+  DeviceBuffer<uint16_t> big(size_t(4 * kRegion));
   for (const int64_t keys : {int64_t(sm80::kShortKeys), int64_t(sm80::kShortKeys) + 1}) {
     int64_t sq[4] = {1, 16, 1, 256}, sk[4] = {1, keys, 1, 256};
-    call.p.attn.q = fa_make_tensor(call.buf.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
-    call.p.attn.k = fa_make_tensor(call.buf.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sk);
-    call.p.attn.v = fa_make_tensor(call.buf.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sk);
-    call.p.out = fa_make_tensor(call.buf.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
+    call.p.attn.q = fa_make_tensor(big.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
+    call.p.attn.k = fa_make_tensor(big.ptr + kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sk);
+    call.p.attn.v = fa_make_tensor(big.ptr + 2 * kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sk);
+    call.p.out = fa_make_tensor(big.ptr + 3 * kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
     int bq = 0, bk = 0;
     fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
     const sm80::FwdTiles want = sm80::fwd_tiles(256, keys <= sm80::kShortKeys);
