@@ -310,7 +310,9 @@ std::vector<std::string> cli_args(std::mt19937_64& rng, bool* malformed) {
 
 void run_cli(int64_t cases) {
   const uint64_t base = uint64_t(env_int("FA_FUZZ_SEED", 1));
-  const std::string out = ::testing::TempDir() + "fa_fuzz_cli.out";
+  // One file per process: the fast and deep CLI fuzz tests run at the same time under ctest -j, and a shared name
+  // let one truncate the other's output (bench/results/2026-12-01_h200_session7/check.log).
+  const std::string out = ::testing::TempDir() + "fa_fuzz_cli." + std::to_string(getpid()) + ".out";
   int failures = 0;
   for (int64_t i = 0; i < cases; ++i) {
     std::mt19937_64 rng(base * 7919u + uint64_t(i));
