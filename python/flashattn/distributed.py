@@ -1,0 +1,226 @@
+"""Context parallelism: ring attention over ``torch.distributed`` for sequences sharded across ranks.
+
+Each rank holds a shard of the sequence (dimension 1 of (B, S, H, D) tensors). Its queries stay; the K/V
+shards travel around the ring (send to rank + 1, receive from rank - 1, ``batch_isend_irecv``: NCCL on CUDA,
+gloo on CPU), the next shard's transfer overlapping the attention of the current one. Every step yields the
+attention of the local queries over one shard with its log-sum-exp, and the partial results merge exactly:
+``lse = logaddexp(lse_a, lse_b)``, ``out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse)`` (fp32). The backward
+runs the same ring with the final out and lse, each step's dK/dV travelling with its K/V back to the owner.
+
+Layouts (``layout=``):
+  * "contiguous": rank r holds positions [offset_r, offset_r + S_r) in rank order (any lengths).
+  * "zigzag" (causal load balance): the sequence is cut into 2W chunks as ``torch.tensor_split(x, 2W, dim=1)``
+    cuts it, and rank r holds chunks r and 2W-1-r, concatenated (``zigzag_shard``): every rank then does the
+    same causal work. ``zigzag_unshard`` puts a gathered result back in order.
+
+Masks: full and causal (bottom-right of the whole sequence equals top-left here: queries and keys are the same
+positions); softcap, GQA/MQA, any head dim of the kernels. A sliding window or ALiBi across shards needs the
+shards' position offsets inside the kernel's mask and is refused (NotImplementedError), as is varlen.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .interface import _bwd_impl, _fwd_impl, _kernel_layout, _pad_head_dim
+
+__all__ = ["ring_flash_attn_func", "zigzag_shard", "zigzag_unshard", "merge_partials"]
+
+
+def zigzag_shard(x: Tensor, rank: int, world: int, dim: int = 1) -> Tensor:
+    """Rank `rank`'s zigzag shard of a full sequence: chunks rank and 2*world-1-rank of 2*world."""
+    chunks = torch.tensor_split(x, 2 * world, dim=dim)
+    return torch.cat((chunks[rank], chunks[2 * world - 1 - rank]), dim=dim)
+
+
+def zigzag_unshard(shards: Sequence[Tensor], dim: int = 1) -> Tensor:
+    """The full sequence from every rank's zigzag shard (in rank order), e.g. after an all_gather."""
+    world = len(shards)
+    total = sum(s.shape[dim] for s in shards)
+    sizes = _chunk_sizes(total, 2 * world)
+    chunks: List[Optional[Tensor]] = [None] * (2 * world)
+    for r, s in enumerate(shards):
+        a, b = torch.split(s, [sizes[r], sizes[2 * world - 1 - r]], dim=dim)
+        chunks[r], chunks[2 * world - 1 - r] = a, b
+    return torch.cat(chunks, dim=dim)
+
+
+def _chunk_sizes(total: int, n: int) -> List[int]:
+    # torch.tensor_split's sizes: the first total % n chunks are one longer.
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+
+def merge_partials(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """Exact merge of two attentions of the same queries over disjoint key sets: out (B, S, H, D), lse (B, H, S),
+    returned in fp32. A row that saw no key in one part (lse -inf) takes the other part; in neither, 0 and -inf."""
+    out, out_b, lse, lse_b = out.float(), out_b.float(), lse.float(), lse_b.float()
+    lse_new = torch.logaddexp(lse, lse_b)
+    # A row with -inf in both keeps -inf; its weights are then 0 (not NaN).
+    finite = torch.isfinite(lse_new)
+    w_a = torch.where(finite, torch.exp(lse - lse_new), torch.zeros_like(lse)).transpose(1, 2).unsqueeze(-1)
+    w_b = torch.where(finite, torch.exp(lse_b - lse_new), torch.zeros_like(lse)).transpose(1, 2).unsqueeze(-1)
+    return out * w_a + out_b * w_b, lse_new
+
+
+class _Ring:
+    """Who holds which positions, and which (query rows, key rows) of each step attend and how."""
+
+    def __init__(self, group, local_len: int, layout: str, device):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        lens = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.world)]
+        dist.all_gather(lens, torch.tensor([local_len], dtype=torch.int64, device=device), group=group)
+        self.lens = [int(x.item()) for x in lens]
+        self.layout = layout
+        if layout == "zigzag":
+            sizes = _chunk_sizes(sum(self.lens), 2 * self.world)
+            self.split = [sizes[r] for r in range(self.world)]  # length of each rank's first chunk
+            for r in range(self.world):
+                if self.lens[r] != sizes[r] + sizes[2 * self.world - 1 - r]:
+                    raise ValueError(f"q: rank {r} holds {self.lens[r]} positions, not its zigzag chunks' "
+                                     f"{sizes[r] + sizes[2 * self.world - 1 - r]} (use zigzag_shard)")
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) if group is not None else \
+            (self.rank + 1) % self.world
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) if group is not None else \
+            (self.rank - 1) % self.world
+
+    def pieces(self, src: int, causal: bool):
+        """(q slice, k slice, causal) triples of this rank's queries against rank `src`'s keys, [] if none."""
+        n_q, n_k = self.lens[self.rank], self.lens[src]
+        if not causal:
+            return [(slice(0, n_q), slice(0, n_k), False)]
+        if self.layout == "contiguous":
+            if src == self.rank:
+                return [(slice(0, n_q), slice(0, n_k), True)]
+            return [(slice(0, n_q), slice(0, n_k), False)] if src < self.rank else []
+        # zigzag: local = [chunk r, chunk 2W-1-r]; src holds [chunk s, chunk 2W-1-s].
+        if src == self.rank:
+            return [(slice(0, n_q), slice(0, n_k), True)]  # causal over the local concatenation
+        if src < self.rank:
+            return [(slice(0, n_q), slice(0, self.split[src]), False)]  # chunk s precedes both local chunks
+        return [(slice(self.split[self.rank], n_q), slice(0, n_k), False)]  # only the late chunk sees src
+
+    def exchange(self, tensors: Sequence[Tensor], src_after: int):
+        """Starts sending `tensors` to the next rank and receiving the previous rank's (those of rank
+        `src_after`); returns (requests, receive buffers)."""
+        n = self.lens[src_after]
+        bufs = [torch.empty((t.shape[0], n) + tuple(t.shape[2:]), dtype=t.dtype, device=t.device) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, b, self.prev, self.group) for b in bufs]
+        # The ops (and the tensors they send) stay referenced until the requests complete.
+        return (dist.batch_isend_irecv(ops), ops), bufs
+
+
+def _wait(pending):
+    reqs, _ops = pending
+    for r in reqs:
+        r.wait()
+
+
+def _block_fwd(q, k, v, causal, scale, softcap):
+    q, k, v = (_kernel_layout(t) for t in (q, k, v))
+    return _fwd_impl(q, k, v, None, None, None, 0, 0, scale, causal, False, -1, -1, softcap, None, 0.0, False, None)
+
+
+def _block_bwd(dout, q, k, v, out, lse, causal, scale, softcap, deterministic):
+    dout, q, k, v, out = (_kernel_layout(t) for t in (dout, q, k, v, out))
+    lse = lse.contiguous()
+    dq, dk, dv, _ = _bwd_impl(dout, q, k, v, out, lse, None, None, None, 0, 0, scale, causal, False, -1, -1, softcap,
+                              None, 0.0, deterministic, None)
+    return dq, dk, dv
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, group, causal, scale, softcap, layout, deterministic):
+        ring = _Ring(group, q.shape[1], layout, q.device)
+        out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float32, device=q.device)
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device)
+        k_cur, v_cur = k, v
+        for step in range(ring.world):
+            src = (ring.rank - step) % ring.world
+            pending = None
+            if step + 1 < ring.world:  # the next shard moves while this one is attended
+                pending = ring.exchange((k_cur, v_cur), (ring.rank - step - 1) % ring.world)
+            for qs, ks, blk_causal in ring.pieces(src, causal):
+                o_b, l_b = _block_fwd(q[:, qs], k_cur[:, ks], v_cur[:, ks], blk_causal, scale, softcap)
+                out[:, qs], lse[:, :, qs] = merge_partials(out[:, qs], lse[:, :, qs], o_b, l_b)
+            if pending is not None:
+                _wait(pending[0])
+                k_cur, v_cur = pending[1]
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring, ctx.causal, ctx.scale, ctx.softcap, ctx.deterministic = ring, causal, scale, softcap, deterministic
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring = ctx.ring
+        dout = dout.contiguous()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        k_cur, v_cur = k, v
+        dk_cur = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv_cur = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        for step in range(ring.world):
+            src = (ring.rank - step) % ring.world
+            after = (ring.rank - step - 1) % ring.world  # whose shard arrives next
+            kv = ring.exchange((k_cur, v_cur), after) if step + 1 < ring.world else None
+            for qs, ks, blk_causal in ring.pieces(src, ctx.causal):
+                dq_b, dk_b, dv_b = _block_bwd(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks], out[:, qs],
+                                              lse[:, :, qs], blk_causal, ctx.scale, ctx.softcap, ctx.deterministic)
+                dq[:, qs] += dq_b.float()
+                dk_cur[:, ks] += dk_b.float()
+                dv_cur[:, ks] += dv_b.float()
+            # The gradients gathered so far follow their K/V to the next rank; after the last step they make one
+            # more hop, back to their owner (this rank then holds the shard of rank + 1).
+            if ring.world > 1:
+                reqs, bufs = ring.exchange((dk_cur, dv_cur), after)
+                _wait(reqs)
+                dk_cur, dv_cur = bufs
+            if kv is not None:
+                _wait(kv[0])
+                k_cur, v_cur = kv[1]
+        return dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), None, None, None, None, None, None
+
+
+def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = False,
+                         softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
+                         softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                         return_attn_probs: bool = False, *, layout: str = "zigzag"):
+    """Attention of this rank's queries over the whole sharded sequence (flash_attn_func's arguments).
+
+    q (B, S_r, Hq, D), k (B, S_r, Hkv, D), v (B, S_r, Hkv, Dv): this rank's shard of dimension 1 in `layout`
+    ("zigzag" or "contiguous"); every rank of `group` (default: the world) calls it with its shard. Returns this
+    rank's rows of out (B, S_r, Hq, Dv), and with return_attn_probs (out, lse (B, Hq, S_r), None).
+    Differentiable in q, k, v.
+    """
+    if layout not in ("zigzag", "contiguous"):
+        raise ValueError(f"layout: must be 'zigzag' or 'contiguous' (got {layout!r})")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError("window_size: a sliding window across shards is not supported by "
+                                  "ring_flash_attn_func (the kernels take no shard position offset)")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: ALiBi across shards is not supported by ring_flash_attn_func")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group: torch.distributed is not initialised (init_process_group first)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: must be (batch, seqlen_shard, heads, head_dim)")
+    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
+        raise ValueError("k: the shard of keys must hold the same positions as the shard of queries")
+    head_dim_v = v.shape[-1]
+    scale = softmax_scale
+    if scale is None and q.shape[-1] % 8 != 0:
+        scale = q.shape[-1] ** -0.5
+    q, k, v = (_pad_head_dim(t) for t in (q, k, v))
+    out, lse = _RingAttention.apply(q, k, v, group, bool(causal), None if scale is None else float(scale),
+                                    float(softcap), layout, bool(deterministic))
+    out = out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]
+    return (out, lse, None) if return_attn_probs else out

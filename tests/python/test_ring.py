@@ -1,0 +1,131 @@
+"""Ring attention (flashattn.distributed) on CPU with gloo: 2 and 4 processes on one machine against
+single-process attention over the whole sequence (forward out and lse, backward dq/dk/dv), causal and not, both
+layouts, GQA, shard lengths that differ (a sequence not divisible by the chunk count), head dims not multiples
+of 8. Tolerance: the fp32 float64-reference rule (2x the error of fp32 torch math, plus a floor); the ring's
+merge reorders fp32 sums, so it is not bit-identical to one call.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+mp = pytest.importorskip("torch.multiprocessing")
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+# (name, batch, seqlen, heads_q, heads_kv, head_dim, causal, layout)
+CASES = [
+    ("full_contiguous", 2, 40, 4, 2, 32, False, "contiguous"),
+    ("causal_contiguous_uneven", 1, 37, 2, 2, 64, True, "contiguous"),
+    ("causal_zigzag_gqa", 2, 48, 4, 1, 32, True, "zigzag"),
+    ("causal_zigzag_uneven_d36", 1, 45, 2, 2, 36, True, "zigzag"),
+    ("full_zigzag_softcap", 1, 32, 2, 2, 16, False, "zigzag"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _reference(q, k, v, causal, softcap):
+    """float64 (and fp32, the 'plain' implementation) attention over the whole sequence with autograd."""
+    def attend(dtype):
+        qf, kf, vf = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+        group = q.shape[2] // k.shape[2]
+        kk, vv = kf.repeat_interleave(group, 2), vf.repeat_interleave(group, 2)
+        s = torch.einsum("bihd,bjhd->bhij", qf, kk) * q.shape[-1] ** -0.5
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        if causal:
+            n = q.shape[1]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        out = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), vv)
+        return out, torch.logsumexp(s, -1), (qf, kf, vf)
+    return attend(torch.float64), attend(torch.float32)
+
+
+def _shard(x, rank, world, layout):
+    from flashattn.distributed import zigzag_shard
+
+    if layout == "zigzag":
+        return zigzag_shard(x, rank, world)
+    return torch.tensor_split(x, world, dim=1)[rank]
+
+
+def _worker(rank, world, port, results):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.set_num_threads(1)
+        from flashattn.distributed import ring_flash_attn_func
+
+        failures = []
+        for name, b, n, hq, hkv, d, causal, layout in CASES:
+            softcap = 3.0 if "softcap" in name else 0.0
+            g = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # the same inputs on every rank
+            q, k, v = (torch.randn(b, n, h, d, generator=g) for h in (hq, hkv, hkv))
+            dout = torch.randn(b, n, hq, d, generator=g)
+            (exact, exact_lse, ex_in), (plain, _, pl_in) = _reference(q, k, v, causal, softcap)
+            exact_grads = torch.autograd.grad(exact, ex_in, dout.double())
+            plain_grads = torch.autograd.grad(plain, pl_in, dout)
+            ql, kl, vl = (_shard(x, rank, world, layout).clone().requires_grad_() for x in (q, k, v))
+            out, lse, _ = ring_flash_attn_func(ql, kl, vl, causal=causal, softcap=softcap, return_attn_probs=True,
+                                               layout=layout)
+            grads = torch.autograd.grad(out, (ql, kl, vl), _shard(dout, rank, world, layout))
+            checks = [("out", out, _shard(exact, rank, world, layout), _shard(plain, rank, world, layout)),
+                      ("lse", lse.transpose(1, 2), _shard(exact_lse.transpose(1, 2), rank, world, layout),
+                       None)]
+            checks += [(nm, got, _shard(w, rank, world, layout), _shard(p, rank, world, layout))
+                       for nm, got, w, p in zip(("dq", "dk", "dv"), grads, exact_grads, plain_grads)]
+            for what, got, want, pl in checks:
+                err = (got.double() - want.double()).abs().max().item()
+                tol = 1e-5 if pl is None else 2 * (pl.double() - want.double()).abs().max().item() + \
+                    1e-6 * max(1.0, want.abs().max().item())
+                if not err <= tol:  # NaN fails
+                    failures.append(f"rank {rank} {name} {what}: max error {err:.3e} > {tol:.3e}")
+        results[rank] = failures
+        dist.destroy_process_group()
+    except Exception:
+        results[rank] = [f"rank {rank}: {traceback.format_exc()}"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_matches_whole_sequence(world):
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        results = manager.dict()
+        port = _free_port()
+        procs = [ctx.Process(target=_worker, args=(r, world, port, results))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        got = dict(results)
+    assert sorted(got) == list(range(world)), f"ranks that reported: {sorted(got)}"
+    problems = [f for r in range(world) for f in got[r]]
+    assert not problems, "\n".join(problems)
+
+
+
+def test_ring_refuses_what_it_cannot_do():
+    from flashattn.distributed import ring_flash_attn_func
+
+    q = torch.zeros(1, 8, 2, 16)
+    with pytest.raises(NotImplementedError, match="window_size"):
+        ring_flash_attn_func(q, q, q, window_size=(4, 0))
+    with pytest.raises(ValueError, match="layout"):
+        ring_flash_attn_func(q, q, q, layout="striped")
