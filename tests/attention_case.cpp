@@ -21,6 +21,7 @@ std::string Case::name() const {
   if (softcap > 0) s << " softcap" << softcap;
   if (alibi) s << " alibi";
   if (sinks) s << " sinks";
+  if (dropout_p > 0.f) s << " dropout " << dropout_p;
   if (varlen()) s << " varlen";
   if (!seqused_k.empty()) s << " seqused";
   if (head_pad) s << " strided";
@@ -126,6 +127,9 @@ FwdParams Problem::fwd() const {
   a.softcap = c.softcap;
   if (c.alibi) a.alibi_slopes = make_tensor(const_cast<float*>(alibi.data()), FA_FLOAT32, {c.heads_q});
   if (c.sinks) a.sinks = make_tensor(const_cast<float*>(sinks.data()), FA_FLOAT32, {c.heads_q});
+  a.dropout_p = c.dropout_p;
+  a.dropout_seed = c.dropout_seed;
+  a.dropout_offset = c.dropout_offset;
   p.out = qkv_tensor(out, false, c.heads_q, c.dv());
   if (c.lse) {
     p.lse = c.varlen() ? make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.heads_q, total_q})

@@ -20,6 +20,8 @@ struct Case {
   float softcap = 0.f;
   bool alibi = false;
   bool sinks = false;  // learnable sink logits (and their gradient in the backward)
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 42, dropout_offset = 0;
   std::vector<int32_t> varlen_q, varlen_k;  // per-sequence lengths: varlen when non-empty
   std::vector<int32_t> seqused_k;           // optional
   bool lse = true;

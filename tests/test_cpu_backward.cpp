@@ -87,6 +87,54 @@ TEST(CpuBackward, Sinks) {
   }
 }
 
+// Dropout: the reference draws the same mask (core/dropout.hpp), so forward and backward match it element for
+// element; with sinks, GQA, windows and varlen too.
+TEST(CpuBackward, Dropout) {
+  for (fa_dtype t : {FA_FLOAT32, FA_BFLOAT16}) {
+    for (float p : {0.1f, 0.5f}) {
+      Case c = with_lengths(70, 133);
+      c.dtype = t;
+      c.dropout_p = p;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      expect_backward_matches(c);
+      c.causal = true;
+      c.sinks = true;
+      c.dropout_seed = 7, c.dropout_offset = (uint64_t(1) << 40) + 3;
+      expect_backward_matches(c);
+    }
+    Case v;
+    v.varlen_q = {5, 0, 40};
+    v.varlen_k = {70, 6, 1};
+    v.dtype = t;
+    v.dropout_p = 0.2f;
+    v.window_left = 9, v.window_right = 2, v.softcap = 4.f;
+    expect_backward_matches(v);
+  }
+}
+
+// The mask is a pure function of its coordinates: the keep rate over 10^7 draws is within 4 sigma of 1 - p, and
+// another seed or offset draws another mask.
+TEST(CpuBackward, DropoutMaskStatistics) {
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    const detail::DropoutRule rule(p, 1234, 5);
+    int64_t kept = 0, n = 0;
+    for (int64_t i = 0; i < 2500; ++i)
+      for (int64_t j = 0; j < 4000; ++j, ++n) kept += rule.factor(i % 3, 4, i % 4, i, j) != 0.f;
+    const double q = 1.0 - double(p), sigma = std::sqrt(double(n) * q * (1 - q));
+    EXPECT_LE(std::fabs(double(kept) - double(n) * q), 4 * sigma) << "p " << p << ": kept " << kept << " of " << n;
+  }
+  const detail::DropoutRule a(0.5f, 1, 0), b(0.5f, 2, 0), c(0.5f, 1, 1);
+  int same_b = 0, same_c = 0;
+  for (int64_t j = 0; j < 1000; ++j) {
+    same_b += (a.factor(0, 1, 0, 3, j) == b.factor(0, 1, 0, 3, j));
+    same_c += (a.factor(0, 1, 0, 3, j) == c.factor(0, 1, 0, 3, j));
+  }
+  EXPECT_LT(same_b, 600);
+  EXPECT_LT(same_c, 600);
+  EXPECT_GT(same_b, 400);
+}
+
 TEST(CpuBackward, VarlenSequsedStrides) {
   Case c;
   c.varlen_q = {177, 3, 1, 40};

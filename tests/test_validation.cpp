@@ -123,8 +123,6 @@ TEST(Validation, ScalarAndMaskRules) {
        FA_ERROR_INVALID_ARGUMENT, "causal_alignment: must be"},
       {"dropout range", [](FwdParams& p) { p.attn.dropout_p = 1.5f; }, FA_ERROR_INVALID_ARGUMENT,
        "dropout_p: must be in [0, 1)"},
-      {"dropout unsupported", [](FwdParams& p) { p.attn.dropout_p = 0.1f; }, FA_ERROR_UNSUPPORTED,
-       "dropout is not implemented"},
   };
   for (const Rule& r : rules) expect_rule(base(), r);
 }

@@ -19,6 +19,10 @@
  *   out_i = sum_j e^{s_ij} v_j / (e^{sink_h} + sum_j e^{s_ij}),  lse_i = log(e^{sink_h} + sum_j e^{s_ij});
  * a row with no visible key then has out = 0 and lse = sink_h. The backward writes dsinks (optional):
  *   dsink_h = -sum_{b,i} e^{sink_h - lse_i} * <dout_i, out_i>.
+ * Dropout (dropout_p > 0): out_i = sum_j P_ij m_ij / (1 - p) v_j with P the softmax above (lse unchanged) and
+ * m_ij in {0, 1} a pure function of (dropout_seed, dropout_offset, b, h, i, j) (src/core/dropout.hpp): every
+ * backend draws the same mask, and the backward regenerates it from the same seed and offset. CPU backend only
+ * so far (CUDA: FA_ERROR_UNSUPPORTED).
  * A window side of at least the longest sequence (query or key) means the same as -1, so any int64 is safe.
  *
  * Bad input is an error, never a crash or a wrong answer:
@@ -87,8 +91,9 @@ typedef struct fa_attention {
   int64_t window_left, window_right; /* -1 = unbounded */
   float softcap;                     /* 0 = off */
   fa_tensor alibi_slopes;            /* optional float32 (Hq) or (B, Hq) */
-  float dropout_p;                   /* reserved: must be 0 until dropout is built */
+  float dropout_p;                   /* probability of dropping each attention probability, [0, 1); see below */
   fa_tensor sinks;                   /* optional float32 (Hq): learnable sink logits (see Semantics) */
+  uint64_t dropout_seed, dropout_offset; /* dropout: the mask is a function of (seed, offset, b, h, i, j) */
 } fa_attention;
 
 /* How to run it. */

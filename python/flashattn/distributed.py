@@ -124,7 +124,8 @@ def _wait(pending):
 
 def _block_fwd(q, k, v, causal, scale, softcap):
     q, k, v = (_kernel_layout(t) for t in (q, k, v))
-    return _fwd_impl(q, k, v, None, None, None, 0, 0, scale, causal, False, -1, -1, softcap, None, 0.0, False, None)
+    return _fwd_impl(q, k, v, None, None, None, 0, 0, scale, causal, False, -1, -1, softcap, None, 0.0, False, None,
+                     0)
 
 
 def _block_bwd(dout, q, k, v, out, lse, causal, scale, softcap, deterministic):

@@ -65,28 +65,29 @@ def _call(fn, q: Tensor, *args, **kwargs):
 
 
 def _attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
-                 window_left, window_right, softcap, alibi_slopes, dropout_p, sinks):
+                 window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed):
     return dict(cu_seqlens_q=_dl(cu_seqlens_q), cu_seqlens_k=_dl(cu_seqlens_k), seqused_k=_dl(seqused_k),
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
                 causal_alignment=ALIGN_TOP_LEFT if top_left else ALIGN_BOTTOM_RIGHT, window_left=window_left,
                 window_right=window_right, softcap=softcap, alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p,
-                sinks=_dl(sinks))
+                sinks=_dl(sinks), dropout_seed=dropout_seed)
 
 
 def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks):
+              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks,
+              dropout_seed=0):
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
     _call(_C.forward, q, _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse),
           **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks))
+                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed))
     return out, lse
 
 
 def _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
               softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-              deterministic, sinks):
+              deterministic, sinks, dropout_seed=0):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -95,7 +96,7 @@ def _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
     _call(_C.backward, q, _dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
           deterministic=deterministic, dsinks=None if sinks is None else _dl(dsinks),
           **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks))
+                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed))
     return dq, dk, dv, dsinks
 
 
@@ -104,15 +105,16 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seq
          seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
          causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
          alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool,
-         sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+         sinks: Optional[Tensor], dropout_seed: int) -> Tuple[Tensor, Tensor]:
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                      causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic,
-                     sinks)
+                     sinks, dropout_seed)
 
 
 @_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks):
+              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks,
+              dropout_seed=0):
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     return q.new_empty(q.shape[:-1] + v.shape[-1:]), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
@@ -122,32 +124,33 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
          cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
          softmax_scale: Optional[float], causal: bool, top_left: bool, window_left: int, window_right: int,
          softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool,
-         sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+         sinks: Optional[Tensor], dropout_seed: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                     deterministic, sinks)
+                     deterministic, sinks, dropout_seed)
 
 
 @_bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
               softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-              deterministic, sinks):
+              deterministic, sinks, dropout_seed=0):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device),
             torch.empty((0,) if sinks is None else sinks.shape, dtype=torch.float32, device=q.device))
 
 
 # The forward op's argument count: backward returns one gradient (or None) for each.
-_N_FWD_INPUTS = 18
+_N_FWD_INPUTS = 19
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
-     window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks) = inputs
+     window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks, dropout_seed) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks)
     ctx.attrs = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap)
     ctx.dropout_p = dropout_p
+    ctx.dropout_seed = dropout_seed
     ctx.deterministic = deterministic
 
 
@@ -162,8 +165,9 @@ def _gradients(bwd, ctx, grad_out):
         grad_out = grad_out.contiguous()  # e.g. the expanded gradient of a sum
     dq, dk, dv, dsinks = bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                              max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap,
-                             alibi_slopes, ctx.dropout_p, ctx.deterministic, sinks)
-    return (dq, dk, dv) + (None,) * (_N_FWD_INPUTS - 4) + (None if sinks is None else dsinks,)
+                             alibi_slopes, ctx.dropout_p, ctx.deterministic, sinks, ctx.dropout_seed)
+    # One gradient per forward input: q, k, v, then None up to sinks (index 17), then the seed's None.
+    return (dq, dk, dv) + (None,) * (_N_FWD_INPUTS - 5) + (None if sinks is None else dsinks, None)
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -219,6 +223,14 @@ def _pad_head_dim(t: Tensor) -> Tensor:
     return t if extra == 0 else torch.nn.functional.pad(t, (0, extra))
 
 
+def _dropout_seed(dropout_p) -> int:
+    # The mask is a function of (seed, offset = 0, b, h, i, j) (src/core/dropout.hpp); the seed comes from torch's
+    # default generator, so torch.manual_seed makes dropout reproducible. The backward reuses the forward's seed.
+    if not dropout_p:
+        return 0
+    return int(torch.randint(0, 2 ** 62, (1,)).item())
+
+
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment, learnable_sink=None):
     left, right = window_pair(window_size)
@@ -230,7 +242,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
     inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
               int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale), bool(causal), top_left,
               left, right, float(softcap), alibi_slopes, float(dropout_p), bool(deterministic),
-              None if learnable_sink is None else learnable_sink.float().contiguous())
+              None if learnable_sink is None else learnable_sink.float().contiguous(), _dropout_seed(dropout_p))
     if torch.compiler.is_compiling():
         out, lse = _fwd(*inputs)
     elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
@@ -242,7 +254,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
 
 
 def _result(out, lse, return_attn_probs):
-    # flash_attn returns (out, softmax_lse, S_dmask); S_dmask exists only for dropout, which is not built.
+    # flash_attn returns (out, softmax_lse, S_dmask); S_dmask (the dropped-out probabilities) is not returned yet.
     return (out, lse, None) if return_attn_probs else out
 
 

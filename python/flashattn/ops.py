@@ -166,13 +166,16 @@ def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, s
 def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
             causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-            dropout_p=0.0, sinks=None, num_splits=0, backend="auto", num_threads=0, stream=0):
+            dropout_p=0.0, sinks=None, dropout_seed=0, dropout_offset=0, num_splits=0, backend="auto", num_threads=0,
+            stream=0):
     """Attention forward. Returns ``(out, lse)``, or ``out`` when ``return_lse`` is False.
 
     softmax_scale None means 1/sqrt(head_dim). max_seqlen_* default to the longest sequence of numpy
     cu_seqlens. num_threads: CPU worker threads (0 = all). stream: a cudaStream_t as an int for CUDA arrays.
     num_splits: split-KV on cuda-sm90 (0 = the plan picks, 1 = none; a hint elsewhere). sinks: float32 (Hq)
-    learnable sink logits that join each row's softmax denominator (flashattn.h).
+    learnable sink logits that join each row's softmax denominator (flashattn.h). dropout_p > 0 drops
+    probabilities by the mask of (dropout_seed, dropout_offset) (src/core/dropout.hpp; CPU backend so far); the
+    backward takes the same seed and offset.
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if out is None:
@@ -184,7 +187,7 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
     _check_numpy(dict(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks), ("out", "lse"))
     _C.forward(_export(q), _export(k), _export(v), _export(out), _export(lse), num_splits=int(num_splits),
-               sinks=_export(sinks),
+               sinks=_export(sinks), dropout_seed=int(dropout_seed), dropout_offset=int(dropout_offset),
                **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                          causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
                          stream))
@@ -194,7 +197,8 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
 def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q=None, cu_seqlens_k=None,
              max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
              causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-             dropout_p=0.0, sinks=None, dsinks=None, deterministic=False, backend="auto", num_threads=0, stream=0):
+             dropout_p=0.0, sinks=None, dsinks=None, dropout_seed=0, dropout_offset=0, deterministic=False,
+             backend="auto", num_threads=0, stream=0):
     """Attention backward from the forward's ``out`` and ``lse``. Returns ``(dq, dk, dv)``, and with ``sinks``
     ``(dq, dk, dv, dsinks)`` (dsinks: float32 (Hq), the sinks' gradient)."""
     for name, a in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
@@ -216,7 +220,7 @@ def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q
                       dsinks=dsinks), ("dq", "dk", "dv", "dsinks"))
     _C.backward(_export(dout), _export(q), _export(k), _export(v), _export(out), _export(lse), _export(dq),
                 _export(dk), _export(dv), deterministic=bool(deterministic), sinks=_export(sinks),
-                dsinks=_export(dsinks),
+                dsinks=_export(dsinks), dropout_seed=int(dropout_seed), dropout_offset=int(dropout_offset),
                 **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                           causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
                           stream))

@@ -118,7 +118,7 @@ fa_attention attention(const In& q, const In& k, const In& v, const OptIn& cu_se
                        const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                        std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
                        int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p,
-                       const OptIn& sinks) {
+                       const OptIn& sinks, uint64_t dropout_seed, uint64_t dropout_offset) {
   fa_attention a = fa_attention_default();
   a.q = view("q", q);
   a.k = view("k", k);
@@ -138,6 +138,8 @@ fa_attention attention(const In& q, const In& k, const In& v, const OptIn& cu_se
   a.alibi_slopes = view("alibi_slopes", alibi_slopes);
   a.dropout_p = float(dropout_p);
   a.sinks = view("sinks", sinks);
+  a.dropout_seed = dropout_seed;
+  a.dropout_offset = dropout_offset;
   return a;
 }
 
@@ -155,10 +157,12 @@ void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut
              const OptIn& cu_seqlens_k, const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
              int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks,
-             int num_splits, int backend, int num_threads, uintptr_t stream) {
+             uint64_t dropout_seed, uint64_t dropout_offset, int num_splits, int backend, int num_threads,
+             uintptr_t stream) {
   fa_fwd_params p{};
   p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks);
+                     causal, causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks,
+                     dropout_seed, dropout_offset);
   p.out = view("out", out);
   p.lse = view("lse", lse);
   const fa_exec e = execution(backend, num_threads, stream, false, num_splits);
@@ -176,10 +180,12 @@ void backward(const In& dout, const In& q, const In& k, const In& v, const In& o
               const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
               std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
               int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks,
-              const OptOut& dsinks, bool deterministic, int backend, int num_threads, uintptr_t stream) {
+              const OptOut& dsinks, uint64_t dropout_seed, uint64_t dropout_offset, bool deterministic, int backend,
+              int num_threads, uintptr_t stream) {
   fa_bwd_params p{};
   p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks);
+                     causal, causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks,
+                     dropout_seed, dropout_offset);
   p.dsinks = view("dsinks", dsinks);
   p.out = view("out", out);
   p.lse = view("lse", lse);
@@ -233,7 +239,8 @@ NB_MODULE(_C, m) {
         nb::arg("softmax_scale").none() = nb::none(), nb::arg("causal") = false,
         nb::arg("causal_alignment") = int(FA_ALIGN_BOTTOM_RIGHT), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),
-        nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(), nb::arg("num_splits") = 0,
+        nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(), nb::arg("dropout_seed") = 0,
+        nb::arg("dropout_offset") = 0, nb::arg("num_splits") = 0,
         nb::arg("backend") = int(FA_BACKEND_AUTO),
         nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "fa_forward: writes out (and lse when given). Layouts, semantics and errors as in flashattn.h.\n"
@@ -247,6 +254,7 @@ NB_MODULE(_C, m) {
         nb::arg("causal_alignment") = int(FA_ALIGN_BOTTOM_RIGHT), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),
         nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
+        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
         nb::arg("deterministic") = false, nb::arg("backend") = int(FA_BACKEND_AUTO),
         nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "fa_backward: writes dq, dk, dv from the forward's out and lse.");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dropout.hpp"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::detail {
@@ -76,6 +77,7 @@ struct Problem {
   int64_t alibi_batch_stride = 0;
   const float* sinks = nullptr;  // learnable sink logit per query head (flashattn.h, Semantics)
   float* dsinks = nullptr;       // backward: their gradient (optional)
+  DropoutRule dropout;           // off unless dropout_p > 0
 
   int64_t group() const { return heads_q / heads_kv; }
   int64_t q_start(int64_t b) const { return varlen ? host_cu_q[b] : 0; }

@@ -366,7 +366,7 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   p->softcap = a.softcap;
   if (!(a.dropout_p >= 0.f && a.dropout_p < 1.f))
     return invalid("dropout_p", "must be in [0, 1) (got " + std::to_string(a.dropout_p) + ")");
-  if (a.dropout_p != 0.f) return unsupported("dropout_p: dropout is not implemented yet (pass 0)");
+  p->dropout = DropoutRule(a.dropout_p, a.dropout_seed, a.dropout_offset);
   if (a.causal_alignment != FA_ALIGN_BOTTOM_RIGHT && a.causal_alignment != FA_ALIGN_TOP_LEFT)
     return invalid("causal_alignment", "must be FA_ALIGN_BOTTOM_RIGHT or FA_ALIGN_TOP_LEFT");
   if (a.window_left < -1) return invalid("window_left", "must be >= -1, -1 = unbounded (got " + std::to_string(a.window_left) + ")");

@@ -242,6 +242,11 @@ Error forward_impl(const Problem& p, int threads) {
             for (int c = 0; c < dm.dvp; ++c) orow[c] *= a;
           }
         }
+        // Dropout after the row sums (the softmax's normaliser counts every key), before P reaches V.
+        if (p.dropout.on)
+          for (int c = 0; c < cols; ++c)
+            for (int r = 0; r < rows; ++r)
+              st.data()[int64_t(c) * dm.bq + r] *= p.dropout.factor(b, p.heads_q, h, i0 + r, j0 + c);
         gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, v.data(), dm.dvp, o.data(), dm.dvp);
       }
       using S = Storage<T>;
@@ -388,9 +393,11 @@ Error backward_impl(const Problem& p, int threads) {
                 float capped = (sr[c] + t.slope * (dist < 0.f ? -dist : dist)) * inv_cap;
                 dcap = 1.f - capped * capped;
               }
+              // Dropout: dV takes Z = P m / (1 - p), dS = P (dZ m / (1 - p) - D) (D = dO.O already has it).
+              const float keep = p.dropout.on && c < cols ? p.dropout.factor(b, H, h, i0 + r, j0 + c) : 1.f;
               // Masked keys (pr == 0) get dS = 0 exactly; a NaN pr still propagates.
-              dr[c] = pr != 0.f ? pr * (dr[c] - d_r) * dcap * t.scale : 0.f;
-              sr[c] = pr;
+              dr[c] = pr != 0.f ? pr * (dr[c] * keep - d_r) * dcap * t.scale : 0.f;
+              sr[c] = pr * keep;
             }
           }
           // dV += P^T dO and dK += dS^T Q read P and dS transposed in place (no transpose copies).

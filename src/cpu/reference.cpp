@@ -144,6 +144,7 @@ void forward_row(const Problem& p, Rounding rounding, int64_t b, int64_t h, int6
   std::vector<double> s, th;
   logits(p, rnd, b, h, i, &s, &th);
   *lse = softmax(&s, p.sink(h));
+  for (size_t j = 0; j < s.size(); ++j) s[j] *= p.dropout.factor(b, p.heads_q, h, i, int64_t(j));
   const int64_t hk = h / p.group();
   for (int64_t c = 0; c < p.head_dim_v; ++c) {
     double acc = 0;
@@ -176,14 +177,16 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
   const double lse = softmax(&s, sink);
   for (double& x : s) x = rnd(x);
   const size_t n = s.size();
-  std::vector<double> dP(n);
+  // Dropout: Z = P * m / (1 - p) reaches V; dZ = dO.V^T; dP = dZ * m / (1 - p); D = sum Z dZ = dO.O.
+  std::vector<double> dP(n), keep(n);
   double D = 0;
   for (size_t j = 0; j < n; ++j) {
+    keep[j] = p.dropout.factor(b, p.heads_q, h, i, int64_t(j));
     double acc = 0;
     for (int64_t c = 0; c < dv; ++c)
       acc += load(p, p.dout, p.dout_layout, b, i, h, c) * load(p, p.v, p.v_layout, b, int64_t(j), hk, c);
     dP[j] = rnd(acc);
-    D += s[j] * dP[j];
+    D += s[j] * keep[j] * dP[j];
   }
   // The sink's probability e^{sink - lse} carries dP = 0 (it adds nothing to out): dsink = -P_sink * D.
   if (g && sink != kNegInf && lse != kNegInf) g->dsinks[size_t(h)] -= std::exp(sink - lse) * D;
@@ -191,14 +194,14 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
   for (size_t j = 0; j < n; ++j) {
     if (s[j] == 0) continue;  // masked or underflowed: no gradient (keeps -inf logits out of the sums)
     double dcap = p.softcap > 0 ? 1 - th[j] * th[j] : 1;
-    double ds = rnd(s[j] * (dP[j] - D) * dcap * p.scale);
+    double ds = rnd(s[j] * (dP[j] * keep[j] - D) * dcap * p.scale);
     for (int64_t c = 0; c < d; ++c) dq_row[c] += ds * load(p, p.k, p.k_layout, b, int64_t(j), hk, c);
     if (g) {
       const int64_t gk = global_k(p, b, int64_t(j));
       double* dk = &g->dk[size_t((hk * p.total_k + gk) * d)];
       double* dvr = &g->dv[size_t((hk * p.total_k + gk) * dv)];
       for (int64_t c = 0; c < d; ++c) dk[c] += ds * load(p, p.q, p.q_layout, b, i, h, c);
-      for (int64_t c = 0; c < dv; ++c) dvr[c] += s[j] * load(p, p.dout, p.dout_layout, b, i, h, c);
+      for (int64_t c = 0; c < dv; ++c) dvr[c] += s[j] * keep[j] * load(p, p.dout, p.dout_layout, b, i, h, c);
     }
   }
 }

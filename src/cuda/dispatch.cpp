@@ -47,8 +47,16 @@ detail::Error check_pointers(const detail::Problem& p, bool backward) {
   return detail::ok();
 }
 
+// Dropout runs on the CPU backend so far; the CUDA kernels' probability slot takes it next (core/dropout.hpp is
+// shared with them).
+detail::Error refuse_dropout(const detail::Problem& p) {
+  if (!p.dropout.on) return detail::ok();
+  return detail::unsupported("dropout_p: dropout is not built for the CUDA backends yet (CPU tensors run it)");
+}
+
 template <Family kSelected>
 detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
+  if (detail::Error e = refuse_dropout(p); !e.ok()) return e;
   FwdPlan plan;
   if (detail::Error e = plan_forward(p, exec, kSelected, &plan); !e.ok()) return e;
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return detail::ok();  // nothing to compute
@@ -76,6 +84,7 @@ detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
 
 template <Family kSelected>
 detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
+  if (detail::Error e = refuse_dropout(p); !e.ok()) return e;
   BwdPlan plan;
   if (detail::Error e = plan_backward(p, exec, kSelected, &plan); !e.ok()) return e;
   if (p.batch == 0 || p.heads_q == 0) return detail::ok();  // nothing to compute

@@ -274,7 +274,6 @@ ERRORS = [
     ("batch", lambda a: a.update(k=a["k"][:1].copy(), v=a["v"][:1].copy()), ValueError, ["k", "batch"]),
     ("last_stride", lambda a: a.update(q=np.concatenate([a["q"], a["q"]], -1)[..., ::2]), ValueError,
      ["q", "unit stride"]),
-    ("dropout", lambda a: a.update(dropout_p=0.1), NotImplementedError, ["dropout_p"]),
     ("dropout_range", lambda a: a.update(dropout_p=1.5), ValueError, ["dropout_p", "[0, 1)"]),
     ("window_left", lambda a: a.update(window_size=(-2, 0)), ValueError, ["window_left", ">= -1"]),
     ("window_right", lambda a: a.update(window_size=(-1, -5)), ValueError, ["window_right"]),

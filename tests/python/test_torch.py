@@ -40,10 +40,10 @@ def _cuda_backward_built():
         return False
     x = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
     out, lse = torch.ops.flashattn.fwd(x, x, x, None, None, None, 0, 0, None, False, False, -1, -1, 0.0, None,
-                                       0.0, False, None)
+                                       0.0, False, None, 0)
     try:
         torch.ops.flashattn.bwd(out, x, x, x, out, lse, None, None, None, 0, 0, None, False, False, -1, -1, 0.0,
-                                None, 0.0, False, None)
+                                None, 0.0, False, None, 0)
     except NotImplementedError as e:
         return "backward is not implemented" not in str(e)
     return True
@@ -295,8 +295,10 @@ def test_varlen_packed_forms(device, dtype):
 
 def test_unsupported_arguments_raise():
     q = make((1, 4, 1, 16), torch.float32, "cpu", 15)
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        flash_attn_func(q, q, q, dropout_p=0.1)
+    if HAS_CUDA:
+        qc = q.detach().cuda().to(torch.bfloat16)
+        with pytest.raises(NotImplementedError, match="dropout_p"):
+            flash_attn_func(qc, qc, qc, dropout_p=0.1)
     cu = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(NotImplementedError, match="block_table"):
         flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 4, 4, block_table=torch.zeros(1, 1, dtype=torch.int32))
@@ -330,7 +332,7 @@ def test_head_dim_not_multiple_of_8(device, dtype):
 def opcheck_args(device, dtype, requires_grad):
     q, k, v = (make((2, 9, 2, 16), dtype, device, s, requires_grad) for s in (16, 17, 18))
     sinks = make((2,), torch.float32, device, 19, requires_grad)
-    return (q, k, v, None, None, None, 0, 0, None, True, False, -1, -1, 0.0, None, 0.0, False, sinks)
+    return (q, k, v, None, None, None, 0, 0, None, True, False, -1, -1, 0.0, None, 0.0, False, sinks, 0)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
@@ -344,7 +346,7 @@ def test_opcheck(device, dtype):
     q, k, v = (x.detach() for x in args[:3])
     if can_backward(device):
         torch.library.opcheck(torch.ops.flashattn.bwd.default,
-                              (dout, q, k, v, out.detach(), lse.detach()) + args[3:-1] + (args[-1].detach(),))
+                              (dout, q, k, v, out.detach(), lse.detach()) + args[3:-2] + (args[-2].detach(), 0))
 
 
 class TinyAttention(torch.nn.Module):
@@ -547,3 +549,41 @@ def test_learnable_sink(device, dtype, mask):
     for name, g, w, pl in zip(("dq", "dk", "dv", "dsink"), grads, want, want_plain):
         assert g.dtype == (torch.float32 if name == "dsink" else dtype)
         assert_close(name, g, w, pl, dtype if name != "dsink" else torch.bfloat16 if dtype != torch.float32 else dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_cpu(causal, p):
+    """Dropout on the CPU backend. With V = I the output is the dropped-out probability matrix itself, which
+    reveals the mask; the mask depends only on the seed and the coordinates, so a second call with the same seed
+    and a random V must equal float64 math with that mask, forward and backward. The seed comes from torch's
+    generator: the same torch.manual_seed gives the same output, another one another mask."""
+    b, sq, sk, hq, hkv, d = 2, 16, 24, 4, 2, 32
+    q = make((b, sq, hq, d), torch.float32, "cpu", 21)
+    k = make((b, sk, hkv, d), torch.float32, "cpu", 22)
+    eye = torch.eye(sk).expand(b, hkv, sk, sk).transpose(1, 2).contiguous()  # (B, Sk, Hkv, Sk)
+    torch.manual_seed(5)
+    z = flash_attn_func(q.detach(), k.detach(), eye, dropout_p=p, causal=causal)
+    exact_p, _ = math_attention(q, k, eye, causal=causal)  # float64 probabilities (V = I)
+    keep = z != 0
+    assert max_err(z, exact_p * keep / (1 - p)) <= 1e-5
+    visible = exact_p.detach() > 0
+    rate = keep[visible].float().mean().item()
+    assert abs(rate - (1 - p)) < 0.08, rate  # ~3000 visible entries: a loose check (the C++ test is the tight one)
+
+    v = make((b, sk, hkv, d), torch.float32, "cpu", 23)
+    dout = make((b, sq, hq, d), torch.float32, "cpu", 24, requires_grad=False)
+    torch.manual_seed(5)
+    out = flash_attn_func(q, k, v, dropout_p=p, causal=causal)
+    probs, _ = math_attention(q, k, eye, causal=causal)  # differentiable float64 P
+    mask = keep.double() / (1 - p)
+    want = torch.einsum("bihj,bjhd->bihd", probs * mask, v.double().repeat_interleave(hq // hkv, dim=2))
+    assert max_err(out, want) <= 1e-5 * max(1.0, want.abs().max().item())
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    want_grads = torch.autograd.grad(want, (q, k, v), dout.double())
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert max_err(g, w) <= 1e-5 * max(1.0, w.abs().max().item()), name
+    torch.manual_seed(5)
+    assert torch.equal(flash_attn_func(q, k, v, dropout_p=p, causal=causal), out)
+    torch.manual_seed(6)
+    assert not torch.equal(flash_attn_func(q, k, v, dropout_p=p, causal=causal), out)
