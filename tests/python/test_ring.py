@@ -65,6 +65,7 @@ def _shard(x, rank, world, layout):
 def _worker(rank, world, port, results):
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # containers whose hostname does not resolve
         dist.init_process_group("gloo", rank=rank, world_size=world)
         torch.set_num_threads(1)
         from flashattn.distributed import ring_flash_attn_func
