@@ -8,11 +8,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FA_HOST_DEVICE inline
-#endif
+#include "core/host_device.hpp"
 
 namespace flashattn::detail {
 

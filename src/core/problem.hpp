@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dropout.hpp"
+#include "core/mask_rule.hpp"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::detail {
@@ -99,20 +100,17 @@ struct Problem {
   float sink(int64_t h) const { return sinks ? sinks[h] : -std::numeric_limits<float>::infinity(); }
 };
 
-// Key range [lo, hi) visible to query row i of a sequence with (len_q, len_k); empty when lo >= hi.
-struct KeyRange {
-  int64_t lo, hi;
-};
-inline int64_t mask_offset(const Problem& p, int64_t len_q, int64_t len_k) {
-  return p.alignment == FA_ALIGN_BOTTOM_RIGHT ? len_k - len_q : 0;
+// The mask of one sequence with (len_q, len_k): the rule of core/mask_rule.hpp, shared with the CUDA kernels.
+using KeyRange = IndexRange<int64_t>;
+inline MaskRule<int64_t> mask_rule(const Problem& p, int64_t len_q, int64_t len_k) {
+  return MaskRule<int64_t>::make(p.alignment == FA_ALIGN_BOTTOM_RIGHT, p.window_left, p.window_right, len_q, len_k);
 }
+inline int64_t mask_offset(const Problem& p, int64_t len_q, int64_t len_k) {
+  return mask_rule(p, len_q, len_k).diag_off;
+}
+// Key range [lo, hi) visible to query row i of a sequence with (len_q, len_k); empty when lo >= hi.
 inline KeyRange visible_keys(const Problem& p, int64_t i, int64_t len_q, int64_t len_k) {
-  int64_t diag = i + mask_offset(p, len_q, len_k);
-  int64_t lo = p.window_left >= 0 ? diag - p.window_left : 0;
-  int64_t hi = p.window_right >= 0 ? diag + p.window_right + 1 : len_k;
-  if (lo < 0) lo = 0;
-  if (hi > len_k) hi = len_k;
-  return {lo, hi};
+  return mask_rule(p, len_q, len_k).visible(i);
 }
 
 enum class Direction { kForward, kBackward };

@@ -126,7 +126,8 @@ int thread_count(int requested) {
 }
 
 // Logits of a key tile against a query tile held transposed, St[key][query] (queries along the vector
-// lanes): scale, softcap, ALiBi and the mask, all branch-free per vector.
+// lanes): scale, softcap, ALiBi and the mask, all branch-free per vector. The mask is core/mask_rule.hpp's rule in
+// vector form (its fields are the rule's, from detail::mask_rule); the tiles' key ranges come from the rule itself.
 struct TileMask {
   float scale, softcap, slope;
   bool mask;         // some (key, query) pair of the tile is outside the window
@@ -201,10 +202,11 @@ Error forward_impl(const Problem& p, int threads) {
       tm.scale = p.scale;
       tm.softcap = p.softcap;
       tm.slope = p.alibi_slope(b, h);
-      tm.off = float(detail::mask_offset(p, lq, lk));
-      tm.left = p.window_left >= 0 ? float(p.window_left) : kUnbounded;
-      tm.right = p.window_right >= 0 ? float(p.window_right) : kUnbounded;
-      tm.len_k = float(lk);
+      const detail::MaskRule<int64_t> rule = detail::mask_rule(p, lq, lk);
+      tm.off = float(rule.diag_off);
+      tm.left = rule.left >= 0 ? float(rule.left) : kUnbounded;
+      tm.right = rule.right >= 0 ? float(rule.right) : kUnbounded;
+      tm.len_k = float(rule.len_k);
       for (int64_t j0 = first.lo / dm.bk * dm.bk; j0 < last.hi; j0 += dm.bk) {
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
         load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());

@@ -79,4 +79,45 @@ TEST(MaskPolicy, WindowUnmaskedBlocksAreExact) {
         }
 }
 
+// The kernels' rule is the one of flashattn.h and of the host (core/mask_rule.hpp), key by key: cols(row) holds
+// exactly the keys j with i + off - left <= j <= i + off + right inside [0, len_k), as MaskRule::visible does, and
+// blocks() every block holding such a key.
+TEST(MaskPolicy, WindowMatchesTheSemanticsKeyByKey) {
+  const int windows[][2] = {{-1, 0}, {0, 0}, {3, 5}, {100, -1}, {-1, 40}, {7, 0}, {-1, -1}};
+  for (const int len_q : {1, 17, 70})
+    for (const int len_k : {1, 17, 64, 90})
+      for (const bool bottom_right : {false, true})
+        for (const auto& w : windows) {
+          FwdParams p = problem(len_q, len_k);
+          p.has_window = true;
+          p.bottom_right = bottom_right;
+          p.window_left = w[0];
+          p.window_right = w[1];
+          const WindowMask mask(p, SeqInfo(p, 0));
+          const int off = bottom_right ? len_k - len_q : 0;
+          auto sees = [&](int i, int j) {
+            return j >= 0 && j < len_k && (w[0] < 0 || j >= i + off - w[0]) && (w[1] < 0 || j <= i + off + w[1]);
+          };
+          const std::string what = "q " + std::to_string(len_q) + " k " + std::to_string(len_k) + " window (" +
+                                   std::to_string(w[0]) + ", " + std::to_string(w[1]) + ") br " +
+                                   std::to_string(bottom_right);
+          for (int i = 0; i < len_q; ++i) {
+            const ColRange c = mask.cols(i), v = mask.rule.visible(i);
+            for (int j = -2; j < len_k + 2; ++j) {
+              ASSERT_EQ(sees(i, j), j >= 0 && j >= c.lo && j < c.hi) << what << " row " << i << " key " << j;
+              ASSERT_EQ(sees(i, j), j >= v.lo && j < v.hi) << what << " row " << i << " key " << j << " (host rule)";
+            }
+          }
+          for (const int block_n : {16, 64}) {
+            const BlockRange range = mask.blocks(0, len_q, block_n);
+            for (int n = 0; n * block_n < len_k; ++n) {
+              bool any = false;
+              for (int i = 0; i < len_q; ++i)
+                for (int j = n * block_n; j < std::min(len_k, (n + 1) * block_n); ++j) any |= sees(i, j);
+              if (any) ASSERT_TRUE(n >= range.lo && n < range.hi) << what << " block " << n << " is visited";
+            }
+          }
+        }
+}
+
 }  // namespace

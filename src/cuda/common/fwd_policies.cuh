@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
+#include "core/mask_rule.hpp"
 #include "cuda/fwd_params.hpp"
 
 namespace flashattn::cuda {
@@ -39,9 +40,7 @@ struct BlockRange {
   int lo, hi;  // key blocks [lo, hi)
 };
 
-struct ColRange {
-  int lo, hi;  // visible keys [lo, hi)
-};
+using ColRange = detail::IndexRange<int>;  // visible keys [lo, hi)
 
 // Only the keys past the end of the sequence are masked.
 struct KeyLengthMask {
@@ -60,32 +59,40 @@ struct KeyLengthMask {
   __host__ __device__ ColRange cols(int /*row*/) const { return {0, len_k}; }
 };
 
-// Causal or sliding window: query i sees keys [i + off - left, i + off + right] (a side of -1 is unbounded).
-// With both sides unbounded it is KeyLengthMask at the price of a few integer operations per key block.
+// Causal or sliding window: the rule of core/mask_rule.hpp (the reference's and the CPU backend's), held as its
+// data, with the block arithmetic the mainloops need. Window starts and ends grow with the query row, so rows
+// [m0, m0 + rows) touch keys from the top row's start to the bottom row's end and see a key block whole when it
+// lies inside the bottom row's start and the top row's end. The expressions stay in this form rather than calls
+// of MaskRule::visible: with the calls ptxas spilled 124 bytes in the sm90 d64 kernel and 96 in a d128 one, with
+// these none (bench/results/2026-12-01_ptxas_sm90_mask_rule.txt). tests/gpu/mask_policy_test.cu checks them
+// against the rule key by key. With both sides unbounded it is KeyLengthMask at the price of a few integer
+// operations per block.
 struct WindowMask {
-  int len_k, diag_off, left, right;
+  detail::MaskRule<int> rule;
   __host__ __device__ WindowMask(const FwdParams& p, const SeqInfo& s)
-      : len_k(s.len_k), diag_off(p.bottom_right ? s.len_k - s.len_q : 0), left(p.window_left), right(p.window_right) {}
+      : rule(detail::MaskRule<int>::make(p.bottom_right, p.window_left, p.window_right, s.len_q, s.len_k)) {}
   // Key blocks touched by query rows [m0, m0 + rows).
   __host__ __device__ BlockRange blocks(int m0, int rows, int block_n) const {
-    const int hi = right >= 0 ? min(len_k, m0 + rows - 1 + diag_off + right + 1) : len_k;
-    const int lo = left >= 0 ? max(0, m0 + diag_off - left) : 0;
+    const int hi = rule.right >= 0 ? min(rule.len_k, m0 + rows - 1 + rule.diag_off + rule.right + 1) : rule.len_k;
+    const int lo = rule.left >= 0 ? max(0, m0 + rule.diag_off - rule.left) : 0;
     if (hi <= lo) return {0, 0};
     return {lo / block_n, (hi + block_n - 1) / block_n};
   }
   __host__ __device__ bool block_needs_mask(int m0, int rows, int n0, int block_n) const {
     const int last_col = n0 + block_n - 1;
-    return last_col >= len_k || (right >= 0 && last_col > m0 + diag_off + right) ||
-           (left >= 0 && n0 < m0 + rows - 1 + diag_off - left);
+    return last_col >= rule.len_k || (rule.right >= 0 && last_col > m0 + rule.diag_off + rule.right) ||
+           (rule.left >= 0 && n0 < m0 + rows - 1 + rule.diag_off - rule.left);
   }
   __host__ __device__ BlockRange unmasked_blocks(int m0, int rows, int block_n) const {
-    const int hi = right >= 0 ? min(len_k, m0 + diag_off + right + 1) : len_k;  // first key the top row cannot see
-    const int lo = left >= 0 ? m0 + rows - 1 + diag_off - left : 0;          // first key the bottom row sees
+    // The first key the top row cannot see, and the first key the bottom row sees.
+    const int hi = rule.right >= 0 ? min(rule.len_k, m0 + rule.diag_off + rule.right + 1) : rule.len_k;
+    const int lo = rule.left >= 0 ? m0 + rows - 1 + rule.diag_off - rule.left : 0;
     return {lo <= 0 ? 0 : (lo + block_n - 1) / block_n, hi < 0 ? 0 : hi / block_n};
   }
+  // The keys row `row` sees; lo may be negative (the masks compare columns >= 0 with it).
   __host__ __device__ ColRange cols(int row) const {
-    const int diag = row + diag_off;
-    return {left >= 0 ? diag - left : 0, right >= 0 ? min(len_k, diag + right + 1) : len_k};
+    const int diag = row + rule.diag_off;
+    return {rule.left >= 0 ? diag - rule.left : 0, rule.right >= 0 ? min(rule.len_k, diag + rule.right + 1) : rule.len_k};
   }
 };
 

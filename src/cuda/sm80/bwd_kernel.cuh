@@ -127,11 +127,13 @@ struct RowRange {
 __device__ inline RowRange query_rows(const KeyLengthMask& m, const SeqInfo& s, int n0, int /*block_n*/) {
   return n0 < m.len_k ? RowRange{0, s.len_q} : RowRange{0, 0};
 }
+// The mask rule read the other way: the rows i whose keys [i + off - left, i + off + right] meet the block.
 __device__ inline RowRange query_rows(const WindowMask& m, const SeqInfo& s, int n0, int block_n) {
-  if (n0 >= m.len_k) return {0, 0};
-  const int last_key = min(n0 + block_n, m.len_k) - 1;
-  const int lo = m.right >= 0 ? max(0, n0 - m.diag_off - m.right) : 0;
-  const int hi = m.left >= 0 ? min(s.len_q, last_key - m.diag_off + m.left + 1) : s.len_q;
+  const detail::MaskRule<int>& r = m.rule;
+  if (n0 >= r.len_k) return {0, 0};
+  const int last_key = min(n0 + block_n, r.len_k) - 1;
+  const int lo = r.right >= 0 ? max(0, n0 - r.diag_off - r.right) : 0;
+  const int hi = r.left >= 0 ? min(s.len_q, last_key - r.diag_off + r.left + 1) : s.len_q;
   return {lo, max(lo, hi)};
 }
 
