@@ -13,7 +13,8 @@ Checks that need the values of device tensors (``cache_seqlens`` + new tokens wi
 within the cache) run in eager calls that append or gather (one host synchronisation for all of them) and are
 skipped while a CUDA graph is captured or torch.compile traces: there the caller guarantees them. A call that
 only reads a contiguous cache checks nothing on the host: the kernels clamp each sequence's key count to the
-cache (no synchronisation, capturable).
+cache (no synchronisation, capturable). ``torch.compile(fullgraph=True)`` traces a call: the attention is then
+the custom op ``flashattn::fwd`` (with the plan's split count).
 """
 
 from __future__ import annotations
@@ -257,12 +258,19 @@ def flash_attn_with_kvcache(
         softmax_scale = head_dim ** -0.5  # of the real head dim (the kernels see it padded)
     q_in, k_in, v_in = (_pad_head_dim(t) for t in (q, k_keys, v_keys))
     q_in = q_in if q_in.stride(-1) == 1 else q_in.contiguous()
-    out = q_in.new_empty(q_in.shape[:-1] + v_in.shape[-1:])
-    lse = q_in.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
-    _call(_C.forward, q_in, _dl(q_in), _dl(k_in), _dl(v_in), _dl(out), _dl(lse), seqused_k=_dl(used.to(torch.int32)),
-          softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=False,
-          window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=_dl(alibi_slopes),
-          num_splits=num_splits)
+    scale = None if softmax_scale is None else float(softmax_scale)
+    used = used.to(torch.int32)
+    if torch.compiler.is_compiling():
+        # Traced: the attention is the custom op flashattn::fwd (seqused_k = the keys in use; num_splits is the
+        # plan's), the rotary and the cache append the torch operations above.
+        out, lse = torch.ops.flashattn.fwd(q_in, k_in, v_in, None, None, used, 0, 0, scale, False, False, left, right,
+                                           float(softcap), alibi_slopes, 0.0, False, None, 0)
+    else:
+        out = q_in.new_empty(q_in.shape[:-1] + v_in.shape[-1:])
+        lse = q_in.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+        _call(_C.forward, q_in, _dl(q_in), _dl(k_in), _dl(v_in), _dl(out), _dl(lse), seqused_k=_dl(used),
+              softmax_scale=scale, causal=False, window_left=left, window_right=right, softcap=float(softcap),
+              alibi_slopes=_dl(alibi_slopes), num_splits=num_splits)
     if out.shape[-1] != head_dim_v:
         out = out[..., :head_dim_v]
     return (out, lse) if return_softmax_lse else out

@@ -287,3 +287,32 @@ def test_cuda_graph_decode_loop():
         assert torch.equal(out, want)
         assert torch.equal(kc, ref_kc) and torch.equal(vc, ref_vc)
         lens.add_(1)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_torch_compile_fullgraph_decode_step(paged):
+    """torch.compile(fullgraph=True) traces a decode step (rotary, in-place append, attention): the same output
+    and caches as the eager call (CPU, aot_eager)."""
+    gen = torch.Generator().manual_seed(11)
+    batch, hq, hkv, d, cap, page = 2, 4, 2, 32, 64, 16
+    q, k, v = (rand((batch, 2, h, d), torch.float32, "cpu", gen) for h in (hq, hkv, hkv))
+    if paged:
+        kc, vc = rand((batch * cap // page, page, hkv, d), torch.float32, "cpu", gen), \
+            rand((batch * cap // page, page, hkv, d), torch.float32, "cpu", gen)
+        table = torch.randperm(batch * cap // page, generator=gen).view(batch, -1).to(torch.int32)
+    else:
+        kc, vc = (rand((batch, cap, hkv, d), torch.float32, "cpu", gen) for _ in range(2))
+        table = None
+    angle = torch.rand(cap, 8, generator=gen, dtype=torch.float64)
+    cos, sin = angle.cos().float(), angle.sin().float()
+    lens = torch.tensor([5, 40], dtype=torch.int32)
+
+    def step(q, kc, vc, k, v, lens):
+        return flash_attn_with_kvcache(q, kc, vc, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+                                       block_table=table, causal=True)
+
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = step(q, kc, vc, k, v, lens)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, kc2, vc2, k, v, lens)
+    assert max_err(got, want) <= 1e-6
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
