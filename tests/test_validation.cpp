@@ -147,6 +147,28 @@ TEST(Validation, AlibiRules) {
   EXPECT_TRUE(forward(p, pr.exec()).ok()) << "(batch, heads) slopes are valid";
 }
 
+TEST(Validation, SinkRules) {
+  static float sinks[8] = {0.5f, -1.f, 2.f, 0.f};
+  static int32_t ints[8] = {0};
+  const std::vector<Rule> rules = {
+      {"sinks shape", [](FwdParams& p) { p.attn.sinks = make_tensor(sinks, FA_FLOAT32, {3}); },
+       FA_ERROR_INVALID_ARGUMENT, "sinks: shape must be (4)"},
+      {"sinks dtype", [](FwdParams& p) { p.attn.sinks = make_tensor(ints, FA_INT32, {4}); },
+       FA_ERROR_INVALID_ARGUMENT, "sinks: dtype must be float32"},
+      {"sinks rank", [](FwdParams& p) { p.attn.sinks = make_tensor(sinks, FA_FLOAT32, {1, 4}); },
+       FA_ERROR_INVALID_ARGUMENT, "sinks: must have 1 dimensions"},
+  };
+  for (const Rule& r : rules) expect_rule(base(), r);
+  // dsinks needs sinks, and the right shape.
+  Case c = base();
+  Problem pr(c);
+  BwdParams b = pr.bwd();
+  b.dsinks = make_tensor(sinks, FA_FLOAT32, {4});
+  Status st = backward(b, pr.exec());
+  EXPECT_EQ(st.code, FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(st.message.find("dsinks: needs attn.sinks"), std::string::npos) << st.message;
+}
+
 TEST(Validation, VarlenRules) {
   static int32_t bad_cu[3] = {0, 7, 5};
   static int32_t nonzero_cu[3] = {1, 4, 9};
