@@ -28,6 +28,13 @@ struct FwdEpilogue {
   // Whether O is staged in Q's space: the Q space is then released only after the stores have read it.
   static constexpr bool kOInQSpace = !Traits::kSeparateO && !kDirectO;
 
+  // The (row, column) in the warpgroup's O tile of each accumulator element thread `tid` holds, viewed (rows, cols).
+  __device__ static auto acc_coords(int tid) {
+    typename Traits::TiledMmaPV mma_pv;
+    Tensor cO = mma_pv.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
+    return make_tensor(cO.data(), rows_cols(cO.layout()));
+  }
+
   // The sink logit of each accumulator row a thread holds: its query head's (rows of a packed tile are of several
   // heads); -inf without sinks and under split-KV, whose combine adds the sink once.
   template <int kRows>
@@ -39,10 +46,7 @@ struct FwdEpilogue {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) sink[r] = p.sinks[tile.t.head];
     } else {
-      typename Traits::TiledMmaPV mma_pv;
-      auto thr_pv = mma_pv.get_thread_slice(tid);
-      Tensor cO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
-      Tensor cO_rc = make_tensor(cO.data(), rows_cols(cO.layout()));
+      Tensor cO_rc = acc_coords(tid);
       static_assert(size<0>(decltype(cO_rc.layout()){}) == kRows, "one sink per accumulator row");
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r)
@@ -58,10 +62,7 @@ struct FwdEpilogue {
     const TileScheduler::Tile& t = tile.t;
     const int m0_wg = tile.m0 + wg * kWgRows;
     const int head0 = tile.head0(p);
-    typename Traits::TiledMmaPV mma_pv;
-    auto thr_pv = mma_pv.get_thread_slice(tid);
-    Tensor cO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
-    Tensor cO_rc = make_tensor(cO.data(), rows_cols(cO.layout()));
+    Tensor cO_rc = acc_coords(tid);
     Tensor o_vals = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
     static_assert(size<1>(decltype(o_vals.layout()){}) % 2 == 0, "column pairs");
     const int64_t first_row = p.cu_seqlens_q != nullptr ? int64_t(tile.seq.q_start) : int64_t(t.batch) * p.seqlen_q;
@@ -91,9 +92,7 @@ struct FwdEpilogue {
     const int m0_wg = tile.m0 + wg * kWgRows;
     const int head0 = tile.head0(p);
     typename Traits::TiledMmaPV mma_pv;
-    auto thr_pv = mma_pv.get_thread_slice(tid);
-    Tensor cO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
-    Tensor cO_rc = make_tensor(cO.data(), rows_cols(cO.layout()));
+    Tensor cO_rc = acc_coords(tid);
     Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? ss.o.data() : ss.q.data()), typename Traits::SmemLayoutO{});
     Tensor sOw = sO(_, _, wg);
     Tensor out_frag = convert_fragment<Element>(tOrO);
