@@ -54,6 +54,15 @@ FwdParams problem(int len_q, int len_k) {
   return p;
 }
 
+FwdParams window_problem(int len_q, int len_k, bool bottom_right, int left, int right) {
+  FwdParams p = problem(len_q, len_k);
+  p.has_window = true;
+  p.bottom_right = bottom_right;
+  p.window_left = left;
+  p.window_right = right;
+  return p;
+}
+
 TEST(MaskPolicy, KeyLengthUnmaskedBlocksAreExact) {
   for (const int len_q : {1, 17, 128, 239})
     for (const int len_k : {1, 17, 64, 239, 1023, 1024}) {
@@ -68,11 +77,7 @@ TEST(MaskPolicy, WindowUnmaskedBlocksAreExact) {
     for (const int len_k : {1, 17, 64, 239, 1024})
       for (const bool bottom_right : {false, true})
         for (const auto& w : windows) {
-          FwdParams p = problem(len_q, len_k);
-          p.has_window = true;
-          p.bottom_right = bottom_right;
-          p.window_left = w[0];
-          p.window_right = w[1];
+          const FwdParams p = window_problem(len_q, len_k, bottom_right, w[0], w[1]);
           check(WindowMask(p, SeqInfo(p, 0)), len_q,
                 "q " + std::to_string(len_q) + " k " + std::to_string(len_k) + " window (" + std::to_string(w[0]) +
                     ", " + std::to_string(w[1]) + ") bottom_right " + std::to_string(bottom_right));
@@ -88,11 +93,7 @@ TEST(MaskPolicy, WindowMatchesTheSemanticsKeyByKey) {
     for (const int len_k : {1, 17, 64, 90})
       for (const bool bottom_right : {false, true})
         for (const auto& w : windows) {
-          FwdParams p = problem(len_q, len_k);
-          p.has_window = true;
-          p.bottom_right = bottom_right;
-          p.window_left = w[0];
-          p.window_right = w[1];
+          const FwdParams p = window_problem(len_q, len_k, bottom_right, w[0], w[1]);
           const WindowMask mask(p, SeqInfo(p, 0));
           const int off = bottom_right ? len_k - len_q : 0;
           auto sees = [&](int i, int j) {
