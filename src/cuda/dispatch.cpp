@@ -91,6 +91,9 @@ detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
   DeviceGuard guard(p.device_index);
   if (guard.status() != cudaSuccess) return runtime_error("cudaSetDevice", guard.status());
   if (detail::Error e = check_pointers(p, true); !e.ok()) return e;
+#ifdef FLASHATTN_WITH_SM90
+  if (plan.family == Family::kSm90) return sm90::run_backward(p, plan, static_cast<cudaStream_t>(exec.stream));
+#endif
   return sm80::run_backward(p, plan, static_cast<cudaStream_t>(exec.stream));
 }
 

@@ -1,6 +1,8 @@
 // Host helpers shared by the CUDA backends.
 #include "cuda/host_common.hpp"
 
+#include "cuda/device.hpp"
+
 #include <cmath>
 #include <string>
 
@@ -69,6 +71,59 @@ FwdParams make_fwd_params(const detail::Problem& p) {
   k.alibi_batch_stride = p.alibi_batch_stride;
   k.sinks = p.sinks;
   return k;
+}
+
+BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan) {
+  BwdParams k;
+  static_cast<FwdParams&>(k) = make_fwd_params(p);
+  k.dout = p.dout;
+  k.dq = p.dq;
+  k.dk = p.dk;
+  k.dv = p.dv;
+  k.do_batch = p.dout_layout.batch, k.do_row = p.dout_layout.row, k.do_head = p.dout_layout.head;
+  k.dq_batch = p.dq_layout.batch, k.dq_row = p.dq_layout.row, k.dq_head = p.dq_layout.head;
+  k.dk_batch = p.dk_layout.batch, k.dk_row = p.dk_layout.row, k.dk_head = p.dk_layout.head;
+  k.dv_batch = p.dv_layout.batch, k.dv_row = p.dv_layout.row, k.dv_head = p.dv_layout.head;
+  k.scale = p.scale;
+  k.heads_kv = int(p.heads_kv);
+  k.rows_q = p.varlen ? p.total_q : p.batch * p.seqlen_q;
+  k.rows_k = p.varlen ? p.total_k : p.batch * p.seqlen_k;
+  k.dsum_stride = dsum_stride(k.rows_q);
+  k.deterministic = plan.deterministic;
+  k.dq_tile = plan.dq_tile;
+  k.dq_blocks = plan.dq_blocks;
+  k.dq_splits = plan.dq_splits;
+  return k;
+}
+
+detail::Error run_backward_in_workspace(const detail::Problem& p, const BwdPlan& plan, const char* family,
+                                        BwdLaunch launch, cudaStream_t stream) {
+  BwdParams params = make_bwd_params(p, plan);
+  const BwdWorkspace ws = bwd_workspace(params);
+  void* buffer = nullptr;
+  if (ws.total() > 0) {
+    if (cudaError_t e = cudaMallocAsync(&buffer, size_t(ws.total()) * sizeof(float), stream); e != cudaSuccess)
+      return runtime_error(std::string(family) + " backward workspace (cudaMallocAsync of " +
+                               std::to_string(ws.total() * int64_t(sizeof(float))) + " bytes)",
+                           e);
+  }
+  float* at = static_cast<float*>(buffer);
+  auto section = [&](int64_t floats) {
+    float* s = floats ? at : nullptr;
+    at += floats;
+    return s;
+  };
+  params.dsum = section(ws.dsum);
+  params.dq_acc = section(ws.dq_acc);
+  params.dk_acc = section(ws.dk_acc);
+  params.dv_acc = section(ws.dv_acc);
+  params.dsinks = p.dsinks;
+  cudaError_t launched = launch(params, plan, stream);
+  if (launched == cudaSuccess && p.dsinks != nullptr) launched = launch_sink_grad(params, stream);
+  const cudaError_t freed = buffer ? cudaFreeAsync(buffer, stream) : cudaSuccess;
+  if (launched != cudaSuccess) return runtime_error(std::string(family) + " backward kernel launch", launched);
+  if (freed != cudaSuccess) return runtime_error(std::string(family) + " backward workspace cudaFreeAsync", freed);
+  return detail::ok();
 }
 
 }  // namespace flashattn::cuda

@@ -8,12 +8,20 @@
 
 #include "core/backend.hpp"
 #include "core/problem.hpp"
+#include "cuda/bwd_params.hpp"
 #include "cuda/fwd_params.hpp"
 #include "cuda/plan.hpp"
 
 namespace flashattn::cuda {
 
 FwdParams make_fwd_params(const detail::Problem& p);
+BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan);
+// The backward of either family: allocates the plan's fp32 workspace in stream order (inside a CUDA graph capture
+// it becomes the graph's own memory node), points the parameters at it, runs `launch`, then the sinks' gradient,
+// and frees it. `family` names the kernels in errors.
+using BwdLaunch = cudaError_t (*)(const BwdParams&, const BwdPlan&, cudaStream_t);
+detail::Error run_backward_in_workspace(const detail::Problem& p, const BwdPlan& plan, const char* family,
+                                        BwdLaunch launch, cudaStream_t stream);
 const char* dtype_name(fa_dtype t);  // the 16-bit storage types the CUDA kernels take, for messages
 
 // A tensor the kernel will read must be device memory of the device it runs on (a host pointer labelled
@@ -51,6 +59,8 @@ namespace sm90 {
 // Whether the sm90a kernels can run on this device (built only when FLASHATTN_CUDA_ARCHS lists 90a).
 cudaError_t kernels_runnable(int device);
 Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods);
+Instance find_bwd(fa_dtype dtype, int64_t need);  // not found: none built for this dtype and head dim
+detail::Error run_backward(const detail::Problem& p, const BwdPlan& plan, cudaStream_t stream);
 // `workspace`: plan.workspace_bytes of device memory ordered on `stream` (null when the plan needs none).
 detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* workspace, cudaStream_t stream);
 }  // namespace sm90

@@ -5,6 +5,7 @@
 
 #include "cuda/device.hpp"
 #include "cuda/host_common.hpp"
+#include "cuda/bwd_params.hpp"
 #include "cuda/sm80/bwd_params.hpp"
 #include "cuda/sm80/tiles.hpp"
 #include "cuda/sm90/tiles.hpp"
@@ -199,30 +200,98 @@ detail::Error plan_forward(const detail::Problem& p, const fa_exec& exec, Family
   return plan_sm80(p, plan);
 }
 
-detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Family /*selected*/, BwdPlan* plan) {
-  // Both families run the sm80 backward until the Hopper backward exists.
+namespace {
+
+// The dQ accumulator geometry and the workspace bytes of a backward plan (bwd_params.hpp).
+void bwd_geometry(const detail::Problem& p, BwdPlan& b) {
+  const int64_t rows_q = p.varlen ? p.total_q : p.batch * p.seqlen_q;
+  const int64_t rows_k = p.varlen ? p.total_k : p.batch * p.seqlen_k;
+  b.dq_tile = int64_t(b.block_q) * b.head_dim;
+  b.dq_blocks = rows_q / b.block_q + p.batch + 1;
+  BwdParams geometry;
+  geometry.heads_q = int(p.heads_q);
+  geometry.group = int(p.group());
+  geometry.head_dim = int(p.head_dim);
+  geometry.head_dim_v = int(p.head_dim_v);
+  geometry.rows_q = rows_q;
+  geometry.rows_k = rows_k;
+  geometry.dsum_stride = dsum_stride(rows_q);
+  geometry.dq_splits = b.dq_splits;
+  geometry.dq_blocks = b.dq_blocks;
+  geometry.dq_tile = b.dq_tile;
+  b.workspace_bytes = bwd_workspace(geometry).total() * int64_t(sizeof(float));
+}
+
+#ifdef FLASHATTN_WITH_SM90
+// Why the sm90 backward cannot take the problem, or "" when it can. Softcap / ALiBi (the tanh derivative and the
+// bias need their own instantiation) and deterministic mode (the bulk reduce-adds of dQ come in any order) run the
+// sm80 backward for now.
+std::string sm90_bwd_unfit(const detail::Problem& p, const fa_exec& exec, Instance* instance) {
+  *instance = sm90::find_bwd(p.dtype, max_head_dim(p));
+  if (!instance->found())
+    return "q: the cuda-sm90 backend has no backward kernel for this dtype with head_dim " + std::to_string(p.head_dim) +
+           ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build";
+  if (needs_score_mods(p)) return "softcap: the cuda-sm90 backward has no softcap/ALiBi kernels yet";
+  if (exec.deterministic) return "exec.deterministic: the cuda-sm90 backward has no deterministic mode yet";
+  Instance fwd;  // the forward's TMA and extent rules hold for the backward's tensors too
+  if (std::string unfit = sm90_unfit(p, &fwd); !unfit.empty() && unfit.rfind("q: the cuda-sm90 backend has no kernel", 0) != 0)
+    return unfit;
+  const int64_t batch = p.varlen ? 1 : p.batch;
+  const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+  auto bad = [&](const detail::RowLayout& l) {
+    return (rows_q > 1 && l.row == 0) || (p.heads_q > 1 && l.head == 0) || (batch > 1 && l.batch == 0);
+  };
+  if (bad(p.dout_layout))
+    return "dout: the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides along every dimension "
+           "of extent > 1";
+  if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ) return "q: the cuda-sm90 backward supports at most 65535 heads and batch entries";
+  return "";
+}
+#endif
+
+}  // namespace
+
+detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Family selected, BwdPlan* plan) {
   *plan = BwdPlan{};
+  BwdPlan& b = *plan;
+  b.deterministic = exec.deterministic != 0;
+#ifdef FLASHATTN_WITH_SM90
+  if (selected == Family::kSm90) {
+    Instance instance;
+    const std::string unfit = sm90_bwd_unfit(p, exec, &instance);
+    if (unfit.empty()) {
+      const sm90::BwdTiles tiles = sm90::bwd_tiles(instance.head_dim);
+      b.family = Family::kSm90;
+      b.instance = instance.index;
+      b.head_dim = instance.head_dim;
+      b.variant = variant_of(p, instance.head_dim);
+      b.block_q = tiles.block_q;
+      b.block_k = tiles.block_k;
+      b.dq_splits = 1;
+      bwd_geometry(p, b);
+      return detail::ok();
+    }
+    // Otherwise the sm80 backward runs, whichever backend was asked for: it takes every problem the forward
+    // of either family takes.
+  }
+#else
+  (void)selected;
+#endif
   const Instance instance = sm80::find_bwd(p.dtype, max_head_dim(p));
   if (!instance.found())
     return detail::unsupported("q: the cuda-sm80 backend has no backward kernel for " +
                                std::string(dtype_name(p.dtype)) + " with head_dim " + std::to_string(p.head_dim) +
                                ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build");
   if (detail::Error e = grid_fits_sm80(p); !e.ok()) return e;
-  BwdPlan& b = *plan;
   b.family = Family::kSm80;
   b.instance = instance.index;
   b.head_dim = instance.head_dim;
   b.variant = variant_of(p, instance.head_dim);
-  b.deterministic = exec.deterministic != 0;
   const sm80::BwdTiles tiles = sm80::bwd_tiles(instance.head_dim);
   b.block_q = tiles.block_q;
   b.block_k = tiles.block_k;
-  // dQ workspace geometry (sm80/bwd_params.hpp). Deterministic: enough splits (CTAs per head and batch) to fill
-  // the GPU once, never more than there are key blocks.
-  const int64_t rows_q = p.varlen ? p.total_q : p.batch * p.seqlen_q;
-  const int64_t rows_k = p.varlen ? p.total_k : p.batch * p.seqlen_k;
-  b.dq_tile = int64_t(tiles.block_q) * instance.head_dim;
-  b.dq_blocks = rows_q / tiles.block_q + p.batch + 1;
+  // Deterministic: enough dQ splits (CTAs per head and batch) to fill the GPU once, never more than there are key
+  // blocks.
   b.dq_splits = 1;
   if (b.deterministic) {
     DeviceInfo dev;
@@ -231,17 +300,7 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
     const int64_t key_blocks = std::max<int64_t>(1, (p.seqlen_k + tiles.block_k - 1) / tiles.block_k);
     b.dq_splits = int(std::min(key_blocks, (dev.sms + ctas - 1) / ctas));
   }
-  sm80::BwdParams geometry;
-  geometry.heads_q = int(p.heads_q);
-  geometry.group = int(p.group());
-  geometry.head_dim = int(p.head_dim);
-  geometry.head_dim_v = int(p.head_dim_v);
-  geometry.rows_q = rows_q;
-  geometry.rows_k = rows_k;
-  geometry.dq_splits = b.dq_splits;
-  geometry.dq_blocks = b.dq_blocks;
-  geometry.dq_tile = b.dq_tile;
-  b.workspace_bytes = sm80::bwd_workspace(geometry).total() * int64_t(sizeof(float));
+  bwd_geometry(p, b);
   return detail::ok();
 }
 

@@ -57,28 +57,6 @@ Instance find(const Kernel (&table)[kCount], fa_dtype dtype, int64_t need) {
   return best;
 }
 
-BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan) {
-  BwdParams k;
-  static_cast<FwdParams&>(k) = make_fwd_params(p);
-  k.dout = p.dout;
-  k.dq = p.dq;
-  k.dk = p.dk;
-  k.dv = p.dv;
-  k.do_batch = p.dout_layout.batch, k.do_row = p.dout_layout.row, k.do_head = p.dout_layout.head;
-  k.dq_batch = p.dq_layout.batch, k.dq_row = p.dq_layout.row, k.dq_head = p.dq_layout.head;
-  k.dk_batch = p.dk_layout.batch, k.dk_row = p.dk_layout.row, k.dk_head = p.dk_layout.head;
-  k.dv_batch = p.dv_layout.batch, k.dv_row = p.dv_layout.row, k.dv_head = p.dv_layout.head;
-  k.scale = p.scale;
-  k.heads_kv = int(p.heads_kv);
-  k.rows_q = p.varlen ? p.total_q : p.batch * p.seqlen_q;
-  k.rows_k = p.varlen ? p.total_k : p.batch * p.seqlen_k;
-  k.deterministic = plan.deterministic;
-  k.dq_tile = plan.dq_tile;
-  k.dq_blocks = plan.dq_blocks;
-  k.dq_splits = plan.dq_splits;
-  return k;
-}
-
 }  // namespace
 
 Instance find_fwd(fa_dtype dtype, int64_t need) { return find(kFwdKernels, dtype, need); }
@@ -104,29 +82,7 @@ detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, cudaStr
 }
 
 detail::Error run_backward(const detail::Problem& p, const BwdPlan& plan, cudaStream_t stream) {
-  BwdParams params = make_bwd_params(p, plan);
-  const BwdWorkspace ws = bwd_workspace(params);
-  // The dQ / dK / dV accumulators are as large as the gradients (fp32): allocated in stream order per call
-  // (inside a CUDA graph capture they become the graph's own memory nodes).
-  void* buffer = nullptr;
-  if (ws.total() > 0) {
-    if (cudaError_t e = cudaMallocAsync(&buffer, size_t(ws.total()) * sizeof(float), stream); e != cudaSuccess)
-      return runtime_error("cuda-sm80 backward workspace (cudaMallocAsync of " +
-                               std::to_string(ws.total() * int64_t(sizeof(float))) + " bytes)",
-                           e);
-  }
-  float* base = static_cast<float*>(buffer);
-  params.dsum = ws.dsum ? base : nullptr;
-  params.dq_acc = ws.dq_acc ? base + ws.dsum : nullptr;
-  params.dk_acc = ws.dk_acc ? base + ws.dsum + ws.dq_acc : nullptr;
-  params.dv_acc = ws.dv_acc ? base + ws.dsum + ws.dq_acc + ws.dk_acc : nullptr;
-  params.dsinks = p.dsinks;
-  cudaError_t launched = kBwdKernels[plan.instance].launch(params, plan, stream);
-  if (launched == cudaSuccess && p.dsinks != nullptr) launched = launch_sink_grad(params, stream);
-  const cudaError_t freed = buffer ? cudaFreeAsync(buffer, stream) : cudaSuccess;
-  if (launched != cudaSuccess) return runtime_error("cuda-sm80 backward kernel launch", launched);
-  if (freed != cudaSuccess) return runtime_error("cuda-sm80 backward workspace cudaFreeAsync", freed);
-  return detail::ok();
+  return run_backward_in_workspace(p, plan, "cuda-sm80", kBwdKernels[plan.instance].launch, stream);
 }
 
 }  // namespace flashattn::cuda::sm80

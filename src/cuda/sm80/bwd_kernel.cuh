@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/bwd_common.cuh"
 #include "cuda/sm80/bwd_params.hpp"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "cuda/sm80/fwd_launch.cuh"
@@ -29,8 +30,6 @@
 
 namespace flashattn::cuda::sm80 {
 namespace bwd {
-
-constexpr float kLog2e = 1.4426950408889634f;  // log2(e): the forward's LSE is a natural log
 
 // Tiles::value is the tile; dev benchmarks instantiate other shapes to measure them against bwd_tiles().
 template <typename Element_, int kHeadDim_, class Tiles = DefaultBwdTiles<kHeadDim_>>
@@ -107,36 +106,6 @@ __device__ __forceinline__ void cp_async_f32(float* smem_dst, const float* gmem_
 }
 
 // ------------------------------------------------------------------------------------------- sequences, masks
-// The forward's SeqInfo plus the keys stored for the sequence: keys past seqused_k get zero gradients.
-struct BwdSeq : SeqInfo {
-  int rows_k;
-  int64_t q_row0, k_row0;  // global row of the first query / key (fp32 workspace rows)
-  __device__ BwdSeq(const BwdParams& p, int b) : SeqInfo(p, b) {
-    const bool varlen = p.cu_seqlens_q != nullptr;
-    rows_k = varlen ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.seqlen_k;
-    len_k = min(len_k, rows_k);
-    q_row0 = varlen ? int64_t(q_start) : int64_t(b) * p.seqlen_q;
-    k_row0 = varlen ? int64_t(k_start) : int64_t(b) * p.seqlen_k;
-  }
-};
-
-struct RowRange {
-  int lo, hi;  // query rows [lo, hi)
-};
-// Query rows that see at least one key of [n0, n0 + block_n) (block skipping of the backward's loop).
-__device__ inline RowRange query_rows(const KeyLengthMask& m, const SeqInfo& s, int n0, int /*block_n*/) {
-  return n0 < m.len_k ? RowRange{0, s.len_q} : RowRange{0, 0};
-}
-// The mask rule read the other way: the rows i whose keys [i + off - left, i + off + right] meet the block.
-__device__ inline RowRange query_rows(const WindowMask& m, const SeqInfo& s, int n0, int block_n) {
-  const detail::MaskRule<int>& r = m.rule;
-  if (n0 >= r.len_k) return {0, 0};
-  const int last_key = min(n0 + block_n, r.len_k) - 1;
-  const int lo = r.right >= 0 ? max(0, n0 - r.diag_off - r.right) : 0;
-  const int hi = r.left >= 0 ? min(s.len_q, last_key - r.diag_off + r.left + 1) : s.len_q;
-  return {lo, max(lo, hi)};
-}
-
 // Tile of the dQ workspace that holds query block m_block of this sequence (see BwdParams::dq_acc).
 __device__ inline float* dq_tile(const BwdParams& p, const BwdSeq& s, int split, int head, int batch, int m_block,
                                  int block_m) {
@@ -245,7 +214,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
   Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (N, D, n_blocks)
   Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
   const float* lse_ptr = p.lse + blse + int64_t(head) * p.lse_head;
-  const float* dsum_ptr = p.dsum + int64_t(head) * p.rows_q + seq.q_row0;
+  const float* dsum_ptr = p.dsum + int64_t(head) * p.dsum_stride + seq.q_row0;
 
   // ---- shared memory: Q[kStagesQ] | dO[kStagesdO] | K | V | P | dS | (LSE, D)[kStagesQ]
   Element* smem = reinterpret_cast<Element*>(smem_raw);
@@ -561,129 +530,6 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_convert_kernel(const __grid_c
       local_tile(mdQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0)), seq.len_q - m0, p.head_dim);
 }
 
-// ------------------------------------------------------------------------------------------- pre/postprocess
-template <fa_dtype>
-struct Native;
-template <>
-struct Native<FA_FLOAT16> {
-  using T = __half;
-  using T2 = __half2;
-  static __device__ float2 to_float2(T2 x) { return __half22float2(x); }
-  static __device__ T2 from_float2(float a, float b) { return __floats2half2_rn(a, b); }
-};
-template <>
-struct Native<FA_BFLOAT16> {
-  using T = __nv_bfloat16;
-  using T2 = __nv_bfloat162;
-  static __device__ float2 to_float2(T2 x) { return __bfloat1622float2(x); }
-  static __device__ T2 from_float2(float a, float b) { return __floats2bfloat162_rn(a, b); }
-};
-
-constexpr int kAuxThreads = 256;  // preprocess / postprocess block size
-
-// Element offset of global row g of a batched (g = b * seqlen + r) or varlen (g = global row) tensor.
-__device__ inline int64_t global_row_offset(bool varlen, int64_t g, int64_t seqlen, int64_t batch_stride,
-                                            int64_t row_stride) {
-  return varlen ? g * row_stride : (g / seqlen) * batch_stride + (g % seqlen) * row_stride;
-}
-
-// D = rowsum(dO * O) in fp32 for every (query head, global row), kPreRowThreads threads per row reading 16-byte
-// vectors; the same threads zero the fp32 dQ workspace (dq_floats of it), as FA2 does, instead of a memset
-// behind the kernel. One warp per row with 4-byte loads, plus the memset, took 170 us where FA2 takes 73 at
-// d64 and 16k tokens (H200, bench/results/2026-11-30_sm80_tiles/run5_profile_bwd.txt).
-constexpr int kPreRowThreads = 8;
-template <fa_dtype kDtype>
-__global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams p, int64_t dq_floats) {
-  using N = Native<kDtype>;
-  using T2 = typename N::T2;
-  constexpr int kVec = int(sizeof(uint4) / sizeof(typename N::T));
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t threads = int64_t(gridDim.x) * blockDim.x;
-  float4* dq4 = reinterpret_cast<float4*>(p.dq_acc);  // 16-byte aligned workspace section
-  for (int64_t i = t; i < dq_floats / 4; i += threads) dq4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (t < dq_floats % 4) p.dq_acc[dq_floats / 4 * 4 + t] = 0.f;
-
-  const int64_t w = t / kPreRowThreads;
-  const int sub = int(t % kPreRowThreads);
-  const bool live = w < int64_t(p.heads_q) * p.rows_q;  // the shuffles below need every lane, live or not
-  float acc = 0.f;
-  if (live) {
-    const int h = int(w / p.rows_q);
-    const int64_t g = w % p.rows_q;
-    const bool varlen = p.cu_seqlens_q != nullptr;
-    const auto* o = static_cast<const typename N::T*>(p.out) +
-                    global_row_offset(varlen, g, p.seqlen_q, p.o_batch, p.o_row) + int64_t(h) * p.o_head;
-    const auto* d = static_cast<const typename N::T*>(p.dout) +
-                    global_row_offset(varlen, g, p.seqlen_q, p.do_batch, p.do_row) + int64_t(h) * p.do_head;
-    // Rows start 16-byte aligned and head_dim_v is a multiple of 8 (the backend's requirements).
-    for (int c = sub * kVec; c < p.head_dim_v; c += kPreRowThreads * kVec) {
-      const uint4 a = *reinterpret_cast<const uint4*>(o + c), e = *reinterpret_cast<const uint4*>(d + c);
-      const T2* a2 = reinterpret_cast<const T2*>(&a);
-      const T2* e2 = reinterpret_cast<const T2*>(&e);
-      CUTE_UNROLL
-      for (int j = 0; j < kVec / 2; ++j) {
-        const float2 x = N::to_float2(a2[j]), y = N::to_float2(e2[j]);
-        acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
-      }
-    }
-  }
-  for (int m = kPreRowThreads / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  if (live && sub == 0) p.dsum[w] = acc;
-}
-
-// Rows of the workspace that belong to a sequence (varlen tensors may hold rows past the last sequence).
-__device__ inline int64_t live_rows(const int32_t* cu, int batch, int64_t rows) { return cu ? cu[batch] : rows; }
-
-// GQA: dK/dV of kv head hk = sum over its group of query heads, in ascending head order (deterministic).
-template <fa_dtype kDtype>
-__global__ void __launch_bounds__(kAuxThreads) dkdv_reduce_kernel(const BwdParams p) {
-  using N = Native<kDtype>;
-  const int width = max(p.head_dim, p.head_dim_v) / 2;  // column pairs
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= int64_t(p.heads_kv) * p.rows_k * width) return;
-  const int64_t w = idx / width;
-  const int c = int(2 * (idx % width));
-  const int hk = int(w / p.rows_k);
-  const int64_t g = w % p.rows_k;
-  if (g >= live_rows(p.cu_seqlens_k, p.batch, p.rows_k)) return;
-  const bool varlen = p.cu_seqlens_k != nullptr;
-  if (c < p.head_dim) {
-    float a = 0.f, e = 0.f;
-    for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-      const float* src = p.dk_acc + (int64_t(h) * p.rows_k + g) * p.head_dim + c;
-      a += src[0];
-      e += src[1];
-    }
-    auto* dst = static_cast<typename N::T*>(p.dk) + global_row_offset(varlen, g, p.seqlen_k, p.dk_batch, p.dk_row) +
-                int64_t(hk) * p.dk_head + c;
-    *reinterpret_cast<typename N::T2*>(dst) = N::from_float2(a, e);
-  }
-  if (c < p.head_dim_v) {
-    float a = 0.f, e = 0.f;
-    for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-      const float* src = p.dv_acc + (int64_t(h) * p.rows_k + g) * p.head_dim_v + c;
-      a += src[0];
-      e += src[1];
-    }
-    auto* dst = static_cast<typename N::T*>(p.dv) + global_row_offset(varlen, g, p.seqlen_k, p.dv_batch, p.dv_row) +
-                int64_t(hk) * p.dv_head + c;
-    *reinterpret_cast<typename N::T2*>(dst) = N::from_float2(a, e);
-  }
-}
-
-inline unsigned aux_blocks(int64_t threads) { return unsigned((threads + kAuxThreads - 1) / kAuxThreads); }
-
-// D and the zeroed dQ workspace (its dq_splits * heads_q * dq_blocks * dq_tile floats).
-template <fa_dtype kDtype>
-cudaError_t launch_preprocess(const BwdParams& p, cudaStream_t stream) {
-  const int64_t rows = int64_t(p.heads_q) * p.rows_q;
-  const int64_t dq_floats = int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile;
-  if (rows == 0 && dq_floats == 0) return cudaSuccess;
-  preprocess_kernel<kDtype><<<aux_blocks(std::max<int64_t>(rows * kPreRowThreads, 1)), kAuxThreads, 0, stream>>>(
-      p, dq_floats);
-  return cudaGetLastError();
-}
-
 template <class Kernel>
 cudaError_t opt_in_smem(Kernel kernel, int bytes) {
   constexpr int kDefaultSmemLimit = 48 * 1024;  // larger dynamic smem must be opted into per kernel
@@ -727,16 +573,12 @@ cudaError_t launch_main_and_dq(const BwdParams& p, const BwdPlan& plan, cudaStre
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
-  if (cudaError_t e = bwd::launch_preprocess<kDtype>(p, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = launch_preprocess<kDtype>(p, stream); e != cudaSuccess) return e;
   using Traits = bwd::BwdTraits<Element, kHeadDim>;
   const cudaError_t e = p.has_window ? bwd::launch_main_and_dq<Traits, WindowMask>(p, plan, stream)
                                      : bwd::launch_main_and_dq<Traits, KeyLengthMask>(p, plan, stream);
   if (e != cudaSuccess) return e;
-  if (p.group > 1) {
-    const int64_t n = int64_t(p.heads_kv) * p.rows_k * (std::max(p.head_dim, p.head_dim_v) / 2);
-    if (n > 0) bwd::dkdv_reduce_kernel<kDtype><<<bwd::aux_blocks(n), bwd::kAuxThreads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return launch_dkdv_reduce<kDtype>(p, stream);
 }
 
 }  // namespace flashattn::cuda::sm80

@@ -4,9 +4,9 @@
 // run to run (deterministic mode needs nothing more).
 #include <cmath>
 
-#include "cuda/sm80/bwd_params.hpp"
+#include "cuda/bwd_params.hpp"
 
-namespace flashattn::cuda::sm80 {
+namespace flashattn::cuda {
 namespace {
 
 constexpr int kSinkThreads = 256;
@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kSinkThreads) sink_grad_kernel(const BwdParams
     // Global row g: batched b * seqlen_q + i, varlen the token index.
     const int64_t b = varlen ? 0 : g / p.seqlen_q, i = varlen ? g : g % p.seqlen_q;
     const float lse = p.lse[b * p.lse_batch + i * p.lse_row + int64_t(h) * p.lse_head];
-    if (lse != -INFINITY) acc += exp(double(sink) - double(lse)) * double(p.dsum[int64_t(h) * p.rows_q + g]);
+    if (lse != -INFINITY) acc += exp(double(sink) - double(lse)) * double(p.dsum[int64_t(h) * p.dsum_stride + g]);
   }
   partial[threadIdx.x] = acc;
   __syncthreads();
@@ -41,4 +41,4 @@ cudaError_t launch_sink_grad(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace flashattn::cuda::sm80
+}  // namespace flashattn::cuda

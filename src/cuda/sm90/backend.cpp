@@ -1,6 +1,5 @@
-// The sm90 (FlashAttention-3 design) family's host side: its forward kernel table and the launch of a plan. The
-// backward runs the sm80 kernels (plan.cpp) until the Hopper backward exists. Which problems this family takes
-// and the fallback to sm80 are decided by the planner, not here.
+// The sm90 (FlashAttention-3 design) family's host side: its forward and backward kernel tables and the launches
+// of a plan. Which problems this family takes and the fallback to sm80 are decided by the planner, not here.
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -8,6 +7,7 @@
 #include "core/backend.hpp"
 #include "cuda/device.hpp"
 #include "cuda/host_common.hpp"
+#include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 
 namespace flashattn::cuda::sm90 {
@@ -18,6 +18,11 @@ namespace flashattn::cuda::sm90 {
   extern template cudaError_t fwd_attributes<dtype, hdim, mods, Mechanisms<>>(cudaFuncAttributes*);
 #include "sm90_fwd_kernels.inc"
 #undef FA_SM90_FWD
+
+#define FA_SM90_BWD(dtype, hdim) \
+  extern template cudaError_t launch_bwd<dtype, hdim>(const BwdParams&, const BwdPlan&, cudaStream_t);
+#include "sm90_bwd_kernels.inc"
+#undef FA_SM90_BWD
 
 #define FA_SM90_ABLATION(name, ...)                                                                            \
   extern template cudaError_t launch_fwd<FA_BFLOAT16, 128, false, __VA_ARGS__>(const FwdParams&, const FwdPlan&, \
@@ -70,7 +75,33 @@ constexpr FwdKernel kFwdKernels[] = {
 #undef FA_SM90_FWD
 };
 
+struct BwdKernel {
+  fa_dtype dtype;
+  int head_dim;
+  BwdLaunch launch;
+};
+
+constexpr BwdKernel kBwdKernels[] = {
+#define FA_SM90_BWD(dtype, hdim) {dtype, hdim, &launch_bwd<dtype, hdim>},
+#include "sm90_bwd_kernels.inc"
+#undef FA_SM90_BWD
+    {FA_FLOAT32, 0, nullptr}};  // end marker (builds without sm90 backward instances)
+
 }  // namespace
+
+Instance find_bwd(fa_dtype dtype, int64_t need) {
+  Instance best;
+  for (size_t i = 0; kBwdKernels[i].launch != nullptr; ++i) {
+    const BwdKernel& k = kBwdKernels[i];
+    if (k.dtype == dtype && k.head_dim >= need && (!best.found() || k.head_dim < best.head_dim))
+      best = {int(i), k.head_dim};
+  }
+  return best;
+}
+
+detail::Error run_backward(const detail::Problem& p, const BwdPlan& plan, cudaStream_t stream) {
+  return run_backward_in_workspace(p, plan, "cuda-sm90", kBwdKernels[plan.instance].launch, stream);
+}
 
 // The smallest compiled head dim that covers the problem (less zero-filled math).
 Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods) {

@@ -14,6 +14,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "cuda/common/fwd_policies.cuh"
+#include "cuda/sm90/gemm.cuh"
 #include "cuda/sm90/mechanisms.hpp"
 #include "cuda/sm90/tiles.hpp"
 
@@ -152,23 +153,6 @@ enum Barrier : int {
 // CUTLASS offsets these ids by the barriers it reserves; the hardware has 16.
 static_assert(kBarrierCount + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16, "named barrier ids");
 
-// wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent
-// columns, mode 1 the row 8 below, mode 2 the 8-column groups.
-template <class L>
-__device__ constexpr auto rows_cols(L l) {
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
-}
-
-// The accumulator of S reused as the register A operand of P.V: the m64nNk16 accumulator of columns
-// [16j, 16j + 16) is exactly the A fragment of k-slice j, so ((2, 2, N/8), M, 1) -> ((2, 2, 2), M, N/16).
-template <class L>
-__device__ constexpr auto acc_as_a_operand(L l) {
-  static_assert(decltype(size<2>(l))::value == 1);
-  auto groups = logical_divide(layout<0, 2>(l), Layout<_2>{});  // (2, N/16)
-  return make_layout(make_layout(layout<0, 0>(l), layout<0, 1>(l), layout<0>(groups)), layout<1>(l),
-                     layout<1>(groups));
-}
-
 // The tile index travels from the producer to the consumers through shared memory, ordered by barrier_q (the
 // producer writes before its arrive, the consumers read after their wait). CUTLASS's mbarrier asm carries no
 // memory clobber, so compiler barriers keep the store and the load on their side of it.
@@ -179,26 +163,6 @@ __device__ __forceinline__ void publish_tile(int& slot, int idx) {
 __device__ __forceinline__ int published_tile(const int& slot) {
   asm volatile("" ::: "memory");
   return *reinterpret_cast<const volatile int*>(&slot);
-}
-
-// acc (+)= A.B over the K mode as a batch of wgmmas of one warpgroup, committed as one group: the caller waits
-// for it with warpgroup_wait<N>() (N = groups it lets run on).
-template <bool kZeroInit, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma_gemm(Mma& mma, const TA& a, const TB& b, TC& c) {
-  // A from shared memory is a tensor of wgmma descriptors; from registers, the values themselves.
-  constexpr bool kARegs = !std::is_same_v<std::decay_t<decltype(a.data())>, GMMA::DescriptorIterator>;
-  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c);
-  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
 }  // namespace flashattn::cuda::sm90

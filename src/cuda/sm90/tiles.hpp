@@ -32,4 +32,19 @@ constexpr FwdTiles fwd_tiles(int head_dim, bool windowed) {
   return {2, 80, 2};
 }
 
+// Tiles of the backward (bwd_kernel.cuh): a CTA owns block_k keys (two consumer warpgroups of 64, each holding
+// its keys' dK and dV: 2 * 64 * head_dim / 128 fp32 accumulators per thread) and walks the query rows block_q at
+// a time through a `stages`-deep pipeline of Q and dO tiles. Registers per thread besides dK/dV: S^T and dP^T,
+// 2 * 64 * block_q / 128, and the dQ tile, 64 * dq_cols / 128 (FlashAttention-3 takes the same 64 x 128 at d128
+// and 128 x 128 at d64).
+struct BwdTiles {
+  int block_q;
+  int block_k;
+  int stages;
+};
+constexpr BwdTiles bwd_tiles(int head_dim) {
+  if (head_dim <= 64) return {128, 128, 2};
+  return {64, 128, 2};
+}
+
 }  // namespace flashattn::cuda::sm90

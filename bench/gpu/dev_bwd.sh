@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Development loop for the sm90 backward on the GPU machine (not the record harness, run.sh): a small build
+# (FLASHATTN_KERNELS=ci plus the sm90 head dims 64 and 128), the backward GPU suite's cases for both families,
+# compute-sanitizer memcheck/racecheck on the sm90 backward's sanitizer cases, then bwd_dev.py.
+# usage: bench/gpu/dev_bwd.sh OUTDIR [gtest filter]
+set -uo pipefail
+OUT=$1; FILTER=${2:-'*Backward*'}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+W=${DEV_BWD_WORK:-/tmp/dev-bwd}
+mkdir -p "$W" "$OUT"
+PY=$(command -v python3)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [[ ! -f $W/cutlass/cutlass_library/source/include/cute/tensor.hpp ]]; then
+  "$PY" - "$(ls "$REPO"/.whl/nvidia_cutlass-*.whl | head -1)" "$W/cutlass" <<'PYEOF'
+import sys, zipfile
+p = "cutlass_library/source/include/"
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith(p)])
+PYEOF
+fi
+gt=()
+if ! ls /usr/lib/*/cmake/GTest/GTestConfig.cmake >/dev/null 2>&1 && [[ ! -d $W/gtest ]]; then
+  mkdir -p "$W/gtest-src" && tar -xzf "$(ls "$REPO"/.whl/googletest*.tar.gz | head -1)" -C "$W/gtest-src" --strip-components=1 &&
+    cmake -S "$W/gtest-src" -B "$W/gtest-build" -G Ninja -DCMAKE_INSTALL_PREFIX="$W/gtest" -DCMAKE_POSITION_INDEPENDENT_CODE=ON >/dev/null &&
+    cmake --build "$W/gtest-build" >/dev/null && cmake --install "$W/gtest-build" >/dev/null
+fi
+[[ -d $W/gtest ]] && gt=(-DCMAKE_PREFIX_PATH="$W/gtest" -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST="$W/gtest-src")
+t0=$(date +%s)
+cmake -S "$REPO" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNELS=ci -DFLASHATTN_SM90_HDIMS="64;128" \
+  -DFLASHATTN_CUDA_ARCHS=90a -DFLASHATTN_SM80_ARCHS=90 -DFLASHATTN_CUTLASS_DIR="$W/cutlass/cutlass_library/source/include" \
+  -DFLASHATTN_PYTHON=ON -DPython_EXECUTABLE="$PY" -Dnanobind_DIR="$("$PY" -m nanobind --cmake_dir)" "${gt[@]}" >"$OUT/build.log" 2>&1
+cmake --build "$W/build" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -m 30 -E "error" "$OUT/build.log"; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s"
+grep -E "spill|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | head -5
+BIN=$(find "$W/build" -name 'flashattn_gpu_tests' -type f | head -1)
+[[ -n $BIN ]] || BIN=$(find "$W/build" -name '*gpu*test*' -type f -executable | head -1)
+echo "tests: $BIN"
+FLASHATTN_REQUIRE_SM90=1 timeout 200 "$BIN" --gtest_filter="$FILTER" >"$OUT/gtest.log" 2>&1
+echo "gtest rc $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" "$OUT/gtest.log" | head -40
+if [[ ${DEV_BWD_SANITIZE:-1} == 1 ]]; then
+  for tool in memcheck racecheck; do
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter='Sanitizer*sm90_bwd_d64*:Sanitizer*sm90_bwd_d128*:Sanitizer*sm90_bwd_varlen_window_gqa*' >"$OUT/san_$tool.log" 2>&1
+    echo "sanitizer $tool rc $?"; grep -E "ERROR SUMMARY|Hazard|Invalid" "$OUT/san_$tool.log" | head -5
+  done
+fi
+PYROOT=$W/pyroot; rm -rf "$PYROOT"; mkdir -p "$PYROOT"; cp -r "$REPO/python/flashattn" "$PYROOT/"
+find "$W/build" -name "*.cpython-*.so" -o -name "*.abi3.so" | while read -r so; do cp "$so" "$PYROOT/flashattn/"; done
+PYTHONPATH=$PYROOT timeout ${DEV_BWD_BENCH_S:-150} "$PY" "$REPO/bench/gpu/bwd_dev.py" --csv "$OUT/bwd_dev.csv" ${DEV_BWD_BENCH_ARGS:-} 2>&1 | tail -40

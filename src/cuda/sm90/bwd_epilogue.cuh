@@ -1,0 +1,95 @@
+// The epilogue collectives of the sm90 backward: dK (times the softmax scale) and dV of a key block from the
+// consumers' registers to global memory (GQA: fp32 per query head into the workspace, reduced afterwards), and
+// the dQ postprocess that turns the fp32 workspace into dQ.
+#pragma once
+
+#include "cuda/sm90/bwd_traits.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class Traits>
+struct BwdEpilogue {
+  using Element = typename Traits::Element;
+  static constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+
+  // Column pairs straight from registers; every stored key row of the block is written (rows no query sees and
+  // keys past seqused_k hold zeros).
+  template <class Acc, class Seq>
+  __device__ static void store(const BwdParams& p, const Seq& seq, int n_block, int head, int batch, Acc& acc_dk,
+                               Acc& acc_dv, int ctid) {
+    typename Traits::TiledMmadKV mma_dkv;
+    Tensor cKV = mma_dkv.get_thread_slice(ctid).partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    const int n0 = n_block * kBlockN;
+    const int rows = min(kBlockN, seq.rows_k - n0);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+    static_assert(decltype(size(acc_dk))::value % 2 == 0);
+    if (p.group == 1) {
+      const bool varlen = p.cu_seqlens_k != nullptr;
+      Element* dk = static_cast<Element*>(p.dk) + (varlen ? int64_t(seq.k_start) * p.dk_row : int64_t(batch) * p.dk_batch) +
+                    int64_t(head) * p.dk_head;
+      Element* dv = static_cast<Element*>(p.dv) + (varlen ? int64_t(seq.k_start) * p.dv_row : int64_t(batch) * p.dv_batch) +
+                    int64_t(head) * p.dv_head;
+      store_pairs(acc_dk, cKV, dk, p.dk_row, n0, rows, p.head_dim);
+      store_pairs(acc_dv, cKV, dv, p.dv_row, n0, rows, p.head_dim_v);
+    } else {
+      const int64_t row0 = int64_t(head) * p.rows_k + seq.k_row0;
+      store_pairs(acc_dk, cKV, p.dk_acc + row0 * p.head_dim, p.head_dim, n0, rows, p.head_dim);
+      store_pairs(acc_dv, cKV, p.dv_acc + row0 * p.head_dim_v, p.head_dim_v, n0, rows, p.head_dim_v);
+    }
+  }
+
+  // Accumulator elements 2i, 2i + 1 are adjacent columns of one row; T is the storage type or float.
+  template <class Acc, class Coord, class T>
+  __device__ static void store_pairs(const Acc& acc, const Coord& coord, T* dst, int64_t row_stride, int n0, int rows,
+                                     int cols) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      const int r = get<0>(coord(i)), c = get<1>(coord(i));
+      if (r >= rows || c >= cols) continue;
+      T* at = dst + int64_t(n0 + r) * row_stride + c;
+      if constexpr (std::is_same_v<T, float>) {
+        *reinterpret_cast<float2*>(at) = make_float2(acc(i), acc(i + 1));
+      } else {
+        cutlass::Array<float, 2> pair;
+        pair[0] = acc(i);
+        pair[1] = acc(i + 1);
+        *reinterpret_cast<cutlass::Array<T, 2>*>(at) = cutlass::NumericArrayConverter<T, float, 2>{}(pair);
+      }
+    }
+  }
+};
+
+// dQ postprocess: one CTA (the consumers' 256 threads, each reading back the elements its dQ MMA slice held in
+// the main kernel, in the staging order of bwd_mainloop.cuh) per (query block, head, batch): times the softmax
+// scale, converted, stored.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(const __grid_constant__ BwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim, kWgThreads = Traits::kWgThreads;
+  const int m_block = int(blockIdx.x), head = int(blockIdx.y), batch = int(blockIdx.z), ctid = int(threadIdx.x);
+  const BwdSeq seq(p, batch);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= seq.len_q) return;
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr = mma_dq.get_thread_slice(ctid);
+  Tensor acc = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor cQ = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  const float* src = p.dq_acc +
+                     (int64_t(head) * p.dq_blocks + (seq.q_row0 + int64_t(batch) * kBlockM) / kBlockM + m_block) * p.dq_tile +
+                     ctid / kWgThreads * Traits::kDqWgFloats;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src + (i / 4 * kWgThreads + ctid % kWgThreads) * 4);
+    acc(i) = v.x * p.scale;
+    acc(i + 1) = v.y * p.scale;
+    acc(i + 2) = v.z * p.scale;
+    acc(i + 3) = v.w * p.scale;
+  }
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  Element* dq = static_cast<Element*>(p.dq) + (varlen ? int64_t(seq.q_start) * p.dq_row : int64_t(batch) * p.dq_batch) +
+                int64_t(head) * p.dq_head;
+  BwdEpilogue<Traits>::store_pairs(acc, cQ, dq, p.dq_row, m0, seq.len_q - m0, p.head_dim);
+}
+
+}  // namespace flashattn::cuda::sm90

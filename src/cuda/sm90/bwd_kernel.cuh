@@ -1,0 +1,58 @@
+// The sm90 backward kernel (FlashAttention-3 design), assembled from collectives with one job each:
+//   bwd_load.cuh      the producer warp: TMA loads of K/V once and of Q + LSE, dO + D per query block
+//   bwd_mainloop.cuh  both consumer warpgroups: S^T, dP^T, P, dS, dV, dK in registers, dQ by bulk reduce-add
+//   bwd_epilogue.cuh  dK/dV to global memory; the dQ postprocess kernel
+// around the preprocess and GQA reduction kernels both families share (common/bwd_common.cuh). One CTA per
+// (key block, query head, batch); masks (causal both alignments, window), GQA, varlen and seqused_k use the
+// policies shared with the forward. Softcap, ALiBi and deterministic mode run the sm80 backward (plan.cpp).
+#pragma once
+
+#include "cuda/sm90/bwd_epilogue.cuh"
+#include "cuda/sm90/bwd_load.cuh"
+#include "cuda/sm90/bwd_mainloop.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class Traits, class Mask>
+__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelParams<Traits> kp) {
+  using Pipeline = typename Traits::Pipeline;
+  using Mainloop = BwdMainloop<Traits, Mask>;
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+  const BwdParams& p = kp.p;
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const bool is_tma_thread = threadIdx.x == 0;
+
+  if (is_tma_thread) {
+    prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+    prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    ss.barrier_kv.init(1);
+  }
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Traits::kTileBytesQ;
+  pipe_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = is_tma_thread;
+  pipe_params.num_consumers = Traits::kConsumerThreads;
+  Pipeline pipe_q(ss.pipeline_q, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipe_do(ss.pipeline_do, pipe_params, Shape<_1, _1, _1>{});
+  __syncthreads();  // every mbarrier is initialised before anyone waits on it
+
+  const BwdBlock<Traits, Mask> blk(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z));
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (cutlass::canonical_warp_idx_sync() == 0) BwdLoad<Traits, Mask>{kp, ss, pipe_q, pipe_do}.load(blk);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+  const int ctid = int(threadIdx.x) - Traits::kWgThreads;
+  auto acc_dk = Mainloop::make_acc_kv();
+  auto acc_dv = Mainloop::make_acc_kv();
+  clear(acc_dk);
+  clear(acc_dv);
+  if (!blk.empty()) Mainloop(ss, pipe_q, pipe_do, ctid).run(p, blk, acc_dk, acc_dv);
+  BwdEpilogue<Traits>::store(p, blk.seq, blk.n_block, blk.head, blk.batch, acc_dk, acc_dv, ctid);
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,66 @@
+// Host side of one compiled sm90 backward: TMA descriptors from the parameters, then the preprocess, main, dQ
+// postprocess and (GQA) reduction kernels on the caller's stream.
+#pragma once
+
+#include "cuda/common/element.hpp"
+#include "cuda/plan.hpp"
+#include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/bwd_params.hpp"
+#include "cuda/sm90/fwd_launch.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class Traits, class Mask>
+cudaError_t launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int batch = varlen ? 1 : p.batch;
+  BwdKernelParams<Traits> kp;
+  kp.p = p;
+  auto mQ = gmem_tensor<Traits>(static_cast<const Element*>(p.q), p.tensor_rows_q, p.head_dim, p.heads_q, batch,
+                                p.q_row, p.q_head, p.q_batch);
+  auto mdO = gmem_tensor<Traits>(static_cast<const Element*>(p.dout), p.tensor_rows_q, p.head_dim_v, p.heads_q, batch,
+                                 p.do_row, p.do_head, p.do_batch);
+  auto mK = gmem_tensor<Traits>(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, p.heads_kv, batch,
+                                p.k_row, p.k_head, p.k_batch);
+  auto mV = gmem_tensor<Traits>(static_cast<const Element*>(p.v), p.tensor_rows_k, p.head_dim_v, p.heads_kv, batch,
+                                p.v_row, p.v_head, p.v_batch);
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Traits::SmemLayoutQ{}),
+                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
+  kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Traits::SmemLayoutQ{}),
+                            Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  kp.shape_q = mQ.shape();
+  kp.shape_do = mdO.shape();
+  kp.shape_k = mK.shape();
+  kp.shape_v = mV.shape();
+
+  auto kernel = &bwd_kernel<Traits, Mask>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid(unsigned((p.seqlen_k + kBlockN - 1) / kBlockN), unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+template <fa_dtype kDtype, int kHeadDim>
+cudaError_t launch_bwd(const BwdParams& p, const BwdPlan& /*plan*/, cudaStream_t stream) {
+  using Traits = BwdTraits<typename ElementOf<kDtype>::type, kHeadDim>;
+  if (cudaError_t e = launch_preprocess<kDtype>(p, stream); e != cudaSuccess) return e;
+  if (p.seqlen_k > 0) {
+    const cudaError_t e = p.has_window ? launch_bwd_main<Traits, WindowMask>(p, stream)
+                                       : launch_bwd_main<Traits, KeyLengthMask>(p, stream);
+    if (e != cudaSuccess) return e;
+  }
+  if (p.seqlen_q > 0) {
+    const dim3 grid(unsigned((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
+    dq_convert_kernel<Traits><<<grid, Traits::kConsumerThreads, 0, stream>>>(p);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return launch_dkdv_reduce<kDtype>(p, stream);
+}
+
+}  // namespace flashattn::cuda::sm90

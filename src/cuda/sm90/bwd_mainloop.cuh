@@ -1,0 +1,229 @@
+// The mainloop collective of the sm90 backward, run by both consumer warpgroups of a CTA over the query blocks
+// that see its key block (bwd_traits.cuh lists the GEMMs). Per step: S^T and dP^T issued together; P from S^T
+// while dP^T is in flight; dS = P (dP - D); dV and dK accumulated from registers; dS to shared memory for dQ,
+// whose tile leaves by a bulk reduce-add into the fp32 workspace while the next step runs.
+#pragma once
+
+#include "cuda/sm90/bwd_load.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class Traits, class Mask>
+struct BwdMainloop {
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Traits::PipelineState;
+  using Block = BwdBlock<Traits, Mask>;
+  static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  static constexpr int kWgThreads = Traits::kWgThreads, kConsumerThreads = Traits::kConsumerThreads;
+
+  using AccKV = decltype(partition_fragment_C(typename Traits::TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  __device__ static AccKV make_acc_kv() {
+    return partition_fragment_C(typename Traits::TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  }
+
+  typename Traits::SharedStorage& ss;
+  Pipeline& pipe_q;
+  Pipeline& pipe_do;
+  int ctid;  // consumer thread 0..255
+  int wg, tid;
+  PipelineState q_read, do_read;
+
+  __device__ BwdMainloop(typename Traits::SharedStorage& ss_, Pipeline& q, Pipeline& d, int ctid_)
+      : ss(ss_), pipe_q(q), pipe_do(d), ctid(ctid_), wg(ctid_ / kWgThreads), tid(ctid_ % kWgThreads) {}
+
+  // Rows [from, rows) of a (rows, d) shared-memory tile set to zero by every consumer thread (16-byte chunks stay
+  // contiguous under the swizzle).
+  template <class T>
+  __device__ void zero_rows(T&& tile, int from, int rows) const {
+    constexpr int kChunk = int(sizeof(cute::uint128_t) / sizeof(Element));
+    constexpr int kChunksPerRow = kHeadDim / kChunk;
+    for (int i = ctid; i < (rows - from) * kChunksPerRow; i += kConsumerThreads)
+      *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&tile(from + i / kChunksPerRow, i % kChunksPerRow * kChunk))) =
+          cute::uint128_t{};
+  }
+  __device__ static void tails_visible() {
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
+  }
+
+  __device__ void run(const BwdParams& p, const Block& blk, AccKV& acc_dk, AccKV& acc_dv) {
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmadKV mma_dkv;
+    typename Traits::TiledMmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+    auto thr_dkv = mma_dkv.get_thread_slice(ctid);
+    auto thr_dq = mma_dq.get_thread_slice(ctid);
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQt{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutQt{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKt{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdSt{});
+
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);    // (MMA, 1, d/16)
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);    // (MMA, 1, d/16, stages)
+    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, M/16, stages)
+    Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, 1, N/16, 2)
+    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, N/16)
+    auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
+    auto copy_ds_thr = copy_ds.get_thread_slice(ctid);
+    Tensor tdSsdS = copy_ds_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
+
+    Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    Tensor cS_rc = make_tensor(cS.data(), rows_cols(cS.layout()));  // (keys, queries) of this thread
+    constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
+
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const int n0 = blk.n0, len_q = blk.seq.len_q;
+    float* dq_base = p.dq_acc + (int64_t(blk.head) * p.dq_blocks +
+                                 (blk.seq.q_row0 + int64_t(blk.batch) * kBlockM) / kBlockM) * p.dq_tile;
+
+    // The LSE (log2 units; 0 for a row that saw no key, whose scores are all masked) and D of query block m: one
+    // value per consumer thread below 2 * block_q, loaded a step ahead from global memory (L2) and stored in the
+    // step's buffer; rows past the sequence read 0 (masked columns).
+    const float* lse_g = p.lse + (varlen ? int64_t(blk.seq.q_start) * p.lse_row : int64_t(blk.batch) * p.lse_batch) +
+                         int64_t(blk.head) * p.lse_head;
+    const float* dsum_g = p.dsum + int64_t(blk.head) * p.dsum_stride + blk.seq.q_row0;
+    const bool stat_thread = ctid < 2 * kBlockM, lse_thread = ctid < kBlockM;
+    auto load_stat = [&](int m) {
+      const int q = m * kBlockM + ctid % kBlockM;
+      float v = 0.f;
+      if (stat_thread && q < len_q) {
+        if (lse_thread) {
+          const float lse = lse_g[int64_t(q) * p.lse_row];
+          v = lse == -INFINITY ? 0.f : lse * kLog2e;
+        } else {
+          v = dsum_g[q];
+        }
+      }
+      return v;
+    };
+    auto store_stat = [&](float v, int buf) {
+      if (stat_thread) (lse_thread ? ss.lse.data() : ss.dsum.data())[buf * kBlockM + ctid % kBlockM] = v;
+    };
+    store_stat(load_stat(blk.m_lo), 0);
+
+    ss.barrier_kv.wait(0);
+    // Key rows past the sequence's keys that TMA did not zero-fill (varlen: the next sequence; seqused_k: stored
+    // keys not used) would turn the zero P and dS of their masked scores into NaN (0 * Inf) in dQ = dS.K and, via
+    // dP, in dS itself.
+    if ((varlen || p.seqused_k != nullptr) && n0 + kBlockN > blk.seq.len_k) {
+      zero_rows(sK, max(0, blk.seq.len_k - n0), kBlockN);
+      zero_rows(sV, max(0, blk.seq.len_k - n0), kBlockN);
+    }
+    tails_visible();
+
+    for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
+      const int m0 = m * kBlockM;
+      const int q_stage = q_read.index(), do_stage = do_read.index(), buf = step % 2;
+      const bool has_next = m + 1 < blk.m_hi;
+      const float next_stat = has_next ? load_stat(m + 1) : 0.f;
+      const int rows_here = min(kBlockM, len_q - m0);
+      const bool edge = rows_here < kBlockM || blk.mask.block_needs_mask(m0, rows_here, n0, kBlockN);
+      if (varlen && rows_here < kBlockM) {
+        // The same for the query rows past a varlen sequence: dV += P^T.dO and dK += dS^T.Q read them.
+        pipe_q.consumer_wait(q_read);
+        pipe_do.consumer_wait(do_read);
+        zero_rows(sQ(_, _, q_stage), max(rows_here, 0), kBlockM);
+        zero_rows(sdO(_, _, do_stage), max(rows_here, 0), kBlockM);
+        tails_visible();
+      }
+
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      pipe_q.consumer_wait(q_read);
+      wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), tSrS);
+      pipe_do.consumer_wait(do_read);
+      wgmma_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), tdPrdP);
+
+      Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+      Tensor dp = make_tensor(tdPrdP.data(), rows_cols(tdPrdP.layout()));
+      const float* lse = ss.lse.data() + buf * kBlockM;
+      const float* dsum = ss.dsum.data() + buf * kBlockM;
+      warpgroup_wait<1>();  // S^T is ready; dP^T may still run
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float lse_c = lse[get<1>(cS_rc(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_c);
+      }
+      if (edge) {
+        // Hidden scores (and queries past the sequence) get P = 0 by assignment: their LSE and inputs may be
+        // anything. dS = P (dP - D) is then 0 too: dP and D are finite there (zeroed K/V/Q/dO tails, D read as 0).
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const int q = m0 + get<1>(cS_rc(0, c));
+          const ColRange cr = q < len_q ? blk.mask.cols(q) : ColRange{0, 0};
+          const int lo = cr.lo - n0, hi = cr.hi - n0;
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const int key = get<0>(cS_rc(r, 0));
+            if (key < lo || key >= hi) s(r, c) = 0.f;
+          }
+        }
+      }
+      // dV += P^T.dO runs on the tensor cores while dS is formed.
+      Tensor rP = convert_fragment<Element>(tSrS);
+      Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
+      wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
+      warpgroup_wait<1>();  // dP^T is ready
+      // With 128 query rows (d64) the fp32 P would stay live beside dP, its bf16 copy and dK/dV (ptxas spilled):
+      // dS takes the rounded P there, which dV uses too.
+      Tensor p_rounded = make_tensor(rP.data(), rows_cols(rP.layout()));
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float d_c = dsum[get<1>(cS_rc(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const float prob = Traits::kDsFromRoundedP ? float(p_rounded(r, c)) : s(r, c);
+          dp(r, c) = prob * (dp(r, c) - d_c);
+        }
+      }
+      Tensor rdS = convert_fragment<Element>(tdPrdP);
+      Tensor tdKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
+      wgmma_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_stage), acc_dk);
+
+      // dS to shared memory (buffer buf: the other one may still be read by the other warpgroup's dQ of the
+      // previous step), then dQ over both warpgroups' keys. The barrier also publishes the next step's LSE and D
+      // (their buffer was last read before the previous step's barrier).
+      cute::copy(copy_ds, copy_ds_thr.retile_S(rdS), tdSsdS(_, _, _, buf));
+      if (has_next) store_stat(next_stat, buf ^ 1);
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+      wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
+      warpgroup_wait<0>();
+      pipe_q.consumer_release(q_read);
+      ++q_read;
+      pipe_do.consumer_release(do_read);
+      ++do_read;
+
+      // dQ: the bulk reduce that last read this staging tile is done before it is overwritten.
+      float* sdq = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
+      if (tid == 0) tma_store_wait<Traits::kDqStages - 1>();
+      cutlass::arch::NamedBarrier::sync(kWgThreads, BwdBarrier::kDqStaging + wg);
+      static_assert(decltype(size(acc_dq))::value % 4 == 0);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 4)
+        *reinterpret_cast<float4*>(sdq + (i / 4 * kWgThreads + tid) * 4) =
+            make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kWgThreads, BwdBarrier::kDqStaging + wg);
+      if (tid == 0) {
+        bulk_reduce_add_f32(dq_base + int64_t(m) * p.dq_tile + wg * Traits::kDqWgFloats, sdq,
+                            Traits::kDqWgFloats * int(sizeof(float)));
+        tma_store_arrive();
+      }
+    }
+    if (tid == 0) tma_store_wait<0>();  // shared memory stays valid until the last reduce has read it
+  }
+};
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,172 @@
+// Types every part of the sm90 backward shares: the traits of one compiled kernel (tiles, shared-memory layouts,
+// MMAs, TMA types), the kernel's parameters and the named barriers between its roles.
+//
+// The GEMMs of one step (a CTA owns a block of 128 keys, two consumer warpgroups 64 keys each; a step is one block
+// of block_q query rows). Every warpgroup keeps its keys' dK and dV in registers; S and dP are computed transposed
+// (keys as the wgmma M mode), so that the accumulators of P^T and dS^T are directly the register A operands of
+// the two GEMMs that reduce over the queries:
+//   S^T  (64 x block_q) = K_w . Q^T       A = K rows of the warpgroup (smem, K-major), B = Q (smem, K-major)
+//   dP^T (64 x block_q) = V_w . dO^T      A = V rows, B = dO
+//   dV_w (64 x d)      += P^T . dO        A = P^T (registers), B = dO read (queries, d) MN-major
+//   dK_w (64 x d)      += dS^T . Q        A = dS^T (registers), B = Q, MN-major
+//   dQ   (block_q x d)  = dS . K          A = dS from shared memory (both warpgroups' keys), B = K MN-major;
+//                                          each warpgroup computes 64 x dq_cols of it (block_q 128: its 64 rows;
+//                                          block_q 64: its half of the head dim)
+// dQ is added into the fp32 workspace by one bulk reduce-add per warpgroup and step (cp.reduce.async.bulk), from
+// a shared-memory staging tile in the accumulator's register order (conflict-free 16-byte stores).
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/bwd_params.hpp"
+#include "cuda/common/bwd_common.cuh"
+#include "cuda/sm90/gemm.cuh"
+#include "cuda/sm90/tiles.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+using namespace cute;
+
+// K-major shared-memory atom of `kCols` columns: the widest swizzle whose atom width divides it.
+template <class Element, int kCols>
+constexpr auto bwd_smem_atom() {
+  if constexpr (kCols % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
+  else if constexpr (kCols % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
+  else return GMMA::Layout_K_SW32_Atom<Element>{};
+}
+
+template <class Element_, int kHeadDim_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr BwdTiles kTiles = bwd_tiles(kHeadDim_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTiles.block_q;
+  static constexpr int kBlockN = kTiles.block_k;
+  static constexpr int kStages = kTiles.stages;
+  static constexpr int kWgRows = kWarpgroupRows;  // keys per consumer warpgroup
+  static constexpr int kConsumerWGs = kBlockN / kWgRows;
+  static constexpr int kWgThreads = cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kConsumerThreads = kConsumerWGs * kWgThreads;
+  static constexpr int kThreads = kConsumerThreads + kWgThreads;
+  static_assert(kConsumerWGs == 2, "the dQ split below assumes two consumer warpgroups");
+  static_assert(kBlockM == 64 || kBlockM == 128);
+  // dQ per warpgroup: block_q 128 splits the rows, block_q 64 the head dim.
+  static constexpr bool kDqSplitRows = kBlockM == 2 * kWgRows;
+  static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
+  static_assert(kDqCols % 16 == 0, "wgmma N of dQ");
+  static constexpr bool kDsFromRoundedP = kBlockM == 2 * kWgRows;  // bwd_mainloop.cuh
+
+  static constexpr int kRegisterFile = 64 * 1024;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegsRaw = (kRegisterFile / kWgThreads - kProducerRegs) / kConsumerWGs / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
+
+  // Tiled over both consumer warpgroups (thread index 0..255 of the consumers): S^T, dP^T and dK/dV split the
+  // keys, dQ its rows (block_q 128) or its head dim (block_q 64).
+  using WgKeys = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
+  using WgDq = std::conditional_t<kDqSplitRows, Layout<Shape<Int<kConsumerWGs>, _1, _1>>, Layout<Shape<_1, Int<kConsumerWGs>, _1>>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kBlockM>, Int<kHeadDim>>>(), WgKeys{}));
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      WgKeys{}));
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kDqCols>, Int<kBlockN>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      WgDq{}));
+
+  // Q and dO: (block_q, d, stage). Their transposed views (d, block_q, stage) are the MN-major B operands of dK/dV.
+  using SmemAtomQ = decltype(bwd_smem_atom<Element, kHeadDim>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // K: (keys, d) with an atom narrow enough that dQ's B operand may take half the head dim (block_q 64).
+  using SmemAtomK = decltype(bwd_smem_atom<Element, kDqCols>());
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // dS: (block_q, keys, 2 buffers), queries contiguous (MN-major A of dQ); written through its (keys, queries) view.
+  using SmemLayoutdS =
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  static constexpr int kDqWgFloats = kWgRows * kDqCols;  // one warpgroup's dQ staging tile
+  // Two staging tiles per warpgroup when they fit: a step's reduce-add then reads one while the next step writes
+  // the other.
+  static constexpr int kSmemOneStaging =
+      int(sizeof(Element)) * int(2 * cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV> +
+                                 cosize_v<SmemLayoutdS>) +
+      int(sizeof(float)) * (kConsumerWGs * kDqWgFloats + 4 * kBlockM);
+  static constexpr int kDqStages = kSmemOneStaging + kConsumerWGs * kDqWgFloats * 4 + 1024 <= 227 * 1024 ? 2 : 1;
+
+  static constexpr int kTileBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kTileBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
+    cute::array_aligned<float, kConsumerWGs * kDqStages * kDqWgFloats, 128> dq;
+    // LSE (log2 units) and D of a step's query rows, two buffers (bwd_mainloop.cuh: the consumers load the next
+    // step's while this one runs).
+    cute::array_aligned<float, kBlockM * 2, 128> lse;
+    cute::array_aligned<float, kBlockM * 2, 128> dsum;
+    typename Pipeline::SharedStorage pipeline_q;
+    typename Pipeline::SharedStorage pipeline_do;
+    cutlass::arch::ClusterTransactionBarrier barrier_kv;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "tile table entry does not fit shared memory");
+
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;  // (rows, d, heads, batch)
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, take<0, 2>(SmemLayoutQ{}),
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+};
+
+template <class Traits>
+struct BwdKernelParams {
+  BwdParams p;
+  typename Traits::TmaQ tma_q, tma_do;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaV tma_v;
+  typename Traits::GmemShape shape_q, shape_do, shape_k, shape_v;
+};
+
+// Named barriers (ids above CUTLASS's reserved ones).
+enum BwdBarrier : int {
+  kdSReady = 0,    // both consumer warpgroups: this step's dS is in shared memory
+  kDqStaging = 1,  // one per consumer warpgroup (1, 2): its dQ staging tile is free / written
+  kTails = 3,      // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
+  kBwdBarrierCount
+};
+static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16, "named barrier ids");
+
+// fp32 bulk reduce-add of `bytes` (a multiple of 16) from shared to global memory, in the calling thread's bulk
+// group; cute::tma_store_arrive commits the group, tma_store_wait<0> waits until its reads are done.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, int bytes) {
+  const unsigned src = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+
+}  // namespace flashattn::cuda::sm90
