@@ -248,8 +248,8 @@ ctest_summary() {  # "N passed, M failed" from a ctest log, or why nothing ran
 GPU_CT="not built"; CPU_CT="not built"; CTEST_PID=""
 # On a compute capability 9.0 GPU with a build for 90a the sm90 cases must run: a skip there (a build without the
 # sm90 kernels) is a failure (tests/gpu/gpu_support.hpp).
-CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
-if [[ $CC == 9.0 && $ARCHS == *90a* && -z $BUILD_DIR ]]; then export FLASHATTN_REQUIRE_SM90=1; fi
+GPU_CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+if [[ $GPU_CAP == 9.0 && $ARCHS == *90a* && -z $BUILD_DIR ]]; then export FLASHATTN_REQUIRE_SM90=1; fi
 if ! skip ctest && [[ -f $BUILD/CTestTestfile.cmake ]]; then
   # Full: the whole GPU binary (it holds the 'sanitizer' subset too, so that label is not run twice).
   # --quick: the fast 'sanitizer' subset only. The suite spends most of its time in its CPU reference, so it
