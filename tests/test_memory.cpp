@@ -39,5 +39,29 @@ TEST(Memory, ForwardBackwardExtraMemoryIsLinear) {
   EXPECT_LT(rss_bytes, n2_bytes / 8);
 }
 
+// GQA/MQA: the backward's fp32 dK/dV accumulators are held per KV head (one query-head subgroup per KV head when
+// the threads are occupied without more), not per query head. 8 query heads sharing one KV head at 4k, d64, one
+// thread: the MHA problem's accumulators (8 heads x 4096 keys x (64 + 64) x 4 B = 16.8 MB) shrink to one head's.
+size_t bwd_peak_scratch(int64_t heads_kv) {
+  Case c;
+  c.seqlen_q = c.seqlen_k = 4096;
+  c.heads_q = 8;
+  c.heads_kv = heads_kv;
+  c.head_dim = 64;
+  c.threads = 1;
+  Problem pr(c);
+  EXPECT_TRUE(pr.run_forward().ok());
+  cpu::reset_peak_scratch_bytes();
+  EXPECT_TRUE(pr.run_backward().ok());
+  return cpu::peak_scratch_bytes();
+}
+
+TEST(Memory, GqaBackwardAccumulatorsPerKvHead) {
+  const size_t mha = bwd_peak_scratch(8), mqa = bwd_peak_scratch(1);
+  const double per_head_acc = 4096.0 * (64 + 64) * 4;
+  std::printf("backward peak scratch: MHA 8/8 %.1f MB, MQA 8/1 %.1f MB\n", mha / 1e6, mqa / 1e6);
+  EXPECT_LE(double(mqa), double(mha) - 0.9 * 7 * per_head_acc);
+}
+
 }  // namespace
 }  // namespace flashattn::testing

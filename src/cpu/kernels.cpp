@@ -287,17 +287,26 @@ Error backward_impl(const Problem& p, int threads) {
   auto qrow = [&](int64_t b, int64_t r) { return p.varlen ? p.host_cu_q[b] + r : b * p.seqlen_q + r; };
   auto krow = [&](int64_t b, int64_t r) { return p.varlen ? p.host_cu_k[b] + r : b * p.seqlen_k + r; };
 
-  // Key-block chunks per (sequence, head): enough tasks to occupy every thread, few enough that the dQ
-  // partial sums (one fp32 copy of dQ per chunk) stay small.
+  // A task is (sequence, KV head, query-head subgroup, key-block chunk): it owns the dK/dV of its key blocks for
+  // the query heads of its subgroup (summed over them in ascending order) and one fp32 copy of dQ per chunk.
+  // Chunks and subgroups only as many as it takes to occupy every thread: the dQ copies grow with the chunks, the
+  // dK/dV accumulators with the subgroups (GQA/MQA with one subgroup holds them once per KV head, not per query
+  // head).
+  const int64_t Hk = p.heads_kv;
   int64_t max_kblocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) max_kblocks = std::max<int64_t>(max_kblocks, (p.len_k(b) + dm.bk - 1) / dm.bk);
   constexpr int64_t kMaxChunks = 4;
-  const int64_t want = (2 * nthreads + p.batch * H - 1) / std::max<int64_t>(1, p.batch * H);
+  const int64_t seq_heads = std::max<int64_t>(1, p.batch * Hk);
+  // Two tasks per thread for the dynamic schedule to balance (one thread: one task is enough).
+  const int64_t tasks_wanted = nthreads > 1 ? 2 * int64_t(nthreads) : 1;
+  const int64_t want = (tasks_wanted + seq_heads - 1) / seq_heads;
   const int64_t chunks = std::max<int64_t>(1, std::min({want, kMaxChunks, std::max<int64_t>(1, max_kblocks)}));
+  const int64_t subgroups = std::max<int64_t>(1, std::min(group, (want + chunks - 1) / chunks));
+  const int64_t acc_heads = Hk * subgroups;
 
   FloatBuffer D, lse, dq_acc, dk_acc, dv_acc;
   if (!D.reset(size_t(H * tq)) || !lse.reset(size_t(H * tq)) || !dq_acc.reset(size_t(chunks * H * tq * dm.dp)) ||
-      !dk_acc.reset(size_t(H * tk * dm.dp)) || !dv_acc.reset(size_t(H * tk * dm.dvp)))
+      !dk_acc.reset(size_t(acc_heads * tk * dm.dp)) || !dv_acc.reset(size_t(acc_heads * tk * dm.dvp)))
     return detail::backend_error("cpu: out of memory allocating backward accumulators");
   dq_acc.zero();
   dk_acc.zero();
@@ -333,15 +342,16 @@ Error backward_impl(const Problem& p, int threads) {
     }
   }
 
-  const int64_t ntasks = p.batch * H * chunks;
+  const int64_t ntasks = p.batch * acc_heads * chunks;
   bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads)
   {
     FloatBuffer q(size_t(dm.bq) * dm.dp), g(size_t(dm.bq) * dm.dvp), kt(size_t(dm.dp) * dm.bk),
         kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
-        dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp);
+        dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp),
+        dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp);
     const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() &&
-                    dk.data() && dv.data() && dq.data();
+                    dk.data() && dv.data() && dq.data() && dk_head.data() && dv_head.data();
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -349,11 +359,11 @@ Error backward_impl(const Problem& p, int threads) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < ntasks; ++task) {
       if (!ok) continue;
-      const int64_t b = task / (H * chunks), h = (task / chunks) % H, chunk = task % chunks;
-      const int64_t hk = h / group, lq = p.len_q(b), lk = p.len_k(b);
+      const int64_t b = task / (acc_heads * chunks), acc_head = (task / chunks) % acc_heads, chunk = task % chunks;
+      const int64_t hk = acc_head / subgroups, sub = acc_head % subgroups, lq = p.len_q(b), lk = p.len_k(b);
+      const int64_t h_begin = hk * group + group * sub / subgroups, h_end = hk * group + group * (sub + 1) / subgroups;
       const int64_t nkb = (lk + dm.bk - 1) / dm.bk;
       const int64_t kb_begin = nkb * chunk / chunks, kb_end = nkb * (chunk + 1) / chunks;
-      float* dq_part = dq_acc.data() + (chunk * H + h) * tq * dm.dp;
       for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
         const int64_t j0 = kb * dm.bk;
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
@@ -362,69 +372,84 @@ Error backward_impl(const Problem& p, int threads) {
         load_tile_t<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, dm.bk, vt.data());
         dk.zero();
         dv.zero();
-        for (int64_t i0 = 0; i0 < lq; i0 += dm.bq) {
-          const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
-          const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk);
-          const detail::KeyRange last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
-          if (first.lo >= j0 + cols || last.hi <= j0) continue;  // no row of this block sees this key block
-          load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, q.data());
-          load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, g.data());
-          gemm<false>(dm.bq, dm.bk, dm.dp, q.data(), dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
-          gemm<false>(dm.bq, dm.bk, dm.dvp, g.data(), dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
-          for (int r = 0; r < dm.bq; ++r) {
-            float* sr = s.data() + int64_t(r) * dm.bk;  // becomes P
-            float* dr = dp.data() + int64_t(r) * dm.bk; // becomes dS (raw-score gradient)
-            if (r >= rows) {
-              std::fill(sr, sr + dm.bk, 0.f);
-              std::fill(dr, dr + dm.bk, 0.f);
-              continue;
-            }
-            const int64_t row = qrow(b, i0 + r);
-            RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
-            logits_row(t, j0, dm.bk, sr);
-            const float lse_r = lse.data()[h * tq + row], d_r = D.data()[h * tq + row];
-            const float inv_cap = t.softcap > 0.f ? 1.f / t.softcap : 0.f;
-            for (int c = 0; c < dm.bk; ++c) {
-              // Fully masked rows (lse = -inf) have P = 0, not exp(-inf + inf).
-              const float pr = lse_r == kNegInf ? 0.f : exp_nonpositive(sr[c] - lse_r);
-              // d logit / d raw score: scale, times the softcap derivative 1 - tanh^2 (the capped value is
-              // the logit plus the ALiBi bias, so recover it before the bias is subtracted).
-              float dcap = 1.f;
-              if (t.softcap > 0.f && pr != 0.f) {
-                float dist = float(t.diag - (j0 + c));
-                float capped = (sr[c] + t.slope * (dist < 0.f ? -dist : dist)) * inv_cap;
-                dcap = 1.f - capped * capped;
+        // One head's sums over the query blocks, then the heads' in ascending order (the order the per-query-head
+        // accumulators were summed in before).
+        for (int64_t h = h_begin; h < h_end; ++h) {
+          float* hk_dk = h == h_begin ? dk.data() : dk_head.data();
+          float* hk_dv = h == h_begin ? dv.data() : dv_head.data();
+          if (h != h_begin) {
+            dk_head.zero();
+            dv_head.zero();
+          }
+          float* dq_part = dq_acc.data() + (chunk * H + h) * tq * dm.dp;
+          for (int64_t i0 = 0; i0 < lq; i0 += dm.bq) {
+            const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
+            const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk);
+            const detail::KeyRange last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
+            if (first.lo >= j0 + cols || last.hi <= j0) continue;  // no row of this block sees this key block
+            load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, q.data());
+            load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, g.data());
+            gemm<false>(dm.bq, dm.bk, dm.dp, q.data(), dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
+            gemm<false>(dm.bq, dm.bk, dm.dvp, g.data(), dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
+            for (int r = 0; r < dm.bq; ++r) {
+              float* sr = s.data() + int64_t(r) * dm.bk;  // becomes P
+              float* dr = dp.data() + int64_t(r) * dm.bk; // becomes dS (raw-score gradient)
+              if (r >= rows) {
+                std::fill(sr, sr + dm.bk, 0.f);
+                std::fill(dr, dr + dm.bk, 0.f);
+                continue;
               }
-              // Dropout: dV takes Z = P m / (1 - p), dS = P (dZ m / (1 - p) - D) (D = dO.O already has it).
-              const float keep = p.dropout.on && c < cols ? p.dropout.factor(b, H, h, i0 + r, j0 + c) : 1.f;
-              // Masked keys (pr == 0) get dS = 0 exactly; a NaN pr still propagates.
-              dr[c] = pr != 0.f ? pr * (dr[c] * keep - d_r) * dcap * t.scale : 0.f;
-              sr[c] = pr * keep;
+              const int64_t row = qrow(b, i0 + r);
+              RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
+              logits_row(t, j0, dm.bk, sr);
+              const float lse_r = lse.data()[h * tq + row], d_r = D.data()[h * tq + row];
+              const float inv_cap = t.softcap > 0.f ? 1.f / t.softcap : 0.f;
+              for (int c = 0; c < dm.bk; ++c) {
+                // Fully masked rows (lse = -inf) have P = 0, not exp(-inf + inf).
+                const float pr = lse_r == kNegInf ? 0.f : exp_nonpositive(sr[c] - lse_r);
+                // d logit / d raw score: scale, times the softcap derivative 1 - tanh^2 (the capped value is
+                // the logit plus the ALiBi bias, so recover it before the bias is subtracted).
+                float dcap = 1.f;
+                if (t.softcap > 0.f && pr != 0.f) {
+                  float dist = float(t.diag - (j0 + c));
+                  float capped = (sr[c] + t.slope * (dist < 0.f ? -dist : dist)) * inv_cap;
+                  dcap = 1.f - capped * capped;
+                }
+                // Dropout: dV takes Z = P m / (1 - p), dS = P (dZ m / (1 - p) - D) (D = dO.O already has it).
+                const float keep = p.dropout.on && c < cols ? p.dropout.factor(b, H, h, i0 + r, j0 + c) : 1.f;
+                // Masked keys (pr == 0) get dS = 0 exactly; a NaN pr still propagates.
+                dr[c] = pr != 0.f ? pr * (dr[c] * keep - d_r) * dcap * t.scale : 0.f;
+                sr[c] = pr * keep;
+              }
+            }
+            // dV += P^T dO and dK += dS^T Q read P and dS transposed in place (no transpose copies).
+            gemm<true, ALayout::kTransposed>(dm.bk, dm.dvp, dm.bq, s.data(), dm.bk, g.data(), dm.dvp, hk_dv, dm.dvp);
+            gemm<true, ALayout::kTransposed>(dm.bk, dm.dp, dm.bq, dp.data(), dm.bk, q.data(), dm.dp, hk_dk, dm.dp);
+            gemm<false>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq.data(), dm.dp);
+            for (int r = 0; r < rows; ++r) {
+              float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
+              const float* src = dq.data() + int64_t(r) * dm.dp;
+              for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
             }
           }
-          // dV += P^T dO and dK += dS^T Q read P and dS transposed in place (no transpose copies).
-          gemm<true, ALayout::kTransposed>(dm.bk, dm.dvp, dm.bq, s.data(), dm.bk, g.data(), dm.dvp, dv.data(), dm.dvp);
-          gemm<true, ALayout::kTransposed>(dm.bk, dm.dp, dm.bq, dp.data(), dm.bk, q.data(), dm.dp, dk.data(), dm.dp);
-          gemm<false>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq.data(), dm.dp);
-          for (int r = 0; r < rows; ++r) {
-            float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
-            const float* src = dq.data() + int64_t(r) * dm.dp;
-            for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
+          if (h != h_begin) {
+            for (int64_t i = 0; i < int64_t(dm.bk) * dm.dp; ++i) dk.data()[i] += dk_head.data()[i];
+            for (int64_t i = 0; i < int64_t(dm.bk) * dm.dvp; ++i) dv.data()[i] += dv_head.data()[i];
           }
         }
         for (int c = 0; c < cols; ++c) {
           const int64_t row = krow(b, j0 + c);
           std::copy(dk.data() + int64_t(c) * dm.dp, dk.data() + int64_t(c + 1) * dm.dp,
-                    dk_acc.data() + (h * tk + row) * dm.dp);
+                    dk_acc.data() + (acc_head * tk + row) * dm.dp);
           std::copy(dv.data() + int64_t(c) * dm.dvp, dv.data() + int64_t(c + 1) * dm.dvp,
-                    dv_acc.data() + (h * tk + row) * dm.dvp);
+                    dv_acc.data() + (acc_head * tk + row) * dm.dvp);
         }
       }
     }
   }
   if (alloc_failed) return detail::backend_error("cpu: out of memory allocating per-thread tiles");
 
-  // Sum dQ over chunks and dK/dV over each GQA group, in a fixed order; convert to storage.
+  // Sum dQ over chunks and dK/dV over each KV head's subgroups, in a fixed order; convert to storage.
   auto* dqo = static_cast<typename S::type*>(p.dq);
   auto* dko = static_cast<typename S::type*>(p.dk);
   auto* dvo = static_cast<typename S::type*>(p.dv);
@@ -448,12 +473,14 @@ Error backward_impl(const Problem& p, int threads) {
         const bool used = r < p.len_k(b);
         for (int c = 0; c < dm.d; ++c) {
           float acc = 0.f;
-          for (int64_t h = hk * group; used && h < (hk + 1) * group; ++h) acc += dk_acc.data()[(h * tk + krow(b, r)) * dm.dp + c];
+          for (int64_t a = hk * subgroups; used && a < (hk + 1) * subgroups; ++a)
+            acc += dk_acc.data()[(a * tk + krow(b, r)) * dm.dp + c];
           dkd[c] = S::store(acc);
         }
         for (int c = 0; c < dm.dv; ++c) {
           float acc = 0.f;
-          for (int64_t h = hk * group; used && h < (hk + 1) * group; ++h) acc += dv_acc.data()[(h * tk + krow(b, r)) * dm.dvp + c];
+          for (int64_t a = hk * subgroups; used && a < (hk + 1) * subgroups; ++a)
+            acc += dv_acc.data()[(a * tk + krow(b, r)) * dm.dvp + c];
           dvd[c] = S::store(acc);
         }
       }
