@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Development loop for the sm90 backward on the GPU machine (not the record harness, run.sh): a small build
 # (FLASHATTN_KERNELS=ci plus the sm90 head dims 64 and 128), the backward GPU suite's cases for both families,
-# compute-sanitizer memcheck/racecheck on the sm90 backward's sanitizer cases, then bwd_dev.py.
-# usage: bench/gpu/dev_bwd.sh OUTDIR [gtest filter]
+# compute-sanitizer memcheck/racecheck on the sm90 backward's sanitizer cases, then bwd_vs_cudnn.py.
+# usage: bench/gpu/dev/sm90_bwd_loop.sh OUTDIR [gtest filter]
 set -uo pipefail
 OUT=$1; FILTER=${2:-'*Backward*'}
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
+REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 W=${DEV_BWD_WORK:-/tmp/dev-bwd}
 mkdir -p "$W" "$OUT"
 PY=$(command -v python3)
@@ -45,4 +45,4 @@ if [[ ${DEV_BWD_SANITIZE:-1} == 1 ]]; then
 fi
 PYROOT=$W/pyroot; rm -rf "$PYROOT"; mkdir -p "$PYROOT"; cp -r "$REPO/python/flashattn" "$PYROOT/"
 find "$W/build" -name "*.cpython-*.so" -o -name "*.abi3.so" | while read -r so; do cp "$so" "$PYROOT/flashattn/"; done
-PYTHONPATH=$PYROOT timeout ${DEV_BWD_BENCH_S:-150} "$PY" "$REPO/bench/gpu/bwd_dev.py" --csv "$OUT/bwd_dev.csv" ${DEV_BWD_BENCH_ARGS:-} 2>&1 | tail -40
+PYTHONPATH=$PYROOT timeout ${DEV_BWD_BENCH_S:-150} "$PY" "$REPO/bench/gpu/dev/bwd_vs_cudnn.py" --csv "$OUT/bwd_dev.csv" ${DEV_BWD_BENCH_ARGS:-} 2>&1 | tail -40
