@@ -13,7 +13,7 @@ CUDA tensors run on ``torch.cuda.current_stream()``; CPU tensors run the CPU bac
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -21,6 +21,10 @@ from torch import Tensor
 from . import _C
 from .ops import ALIGN_BOTTOM_RIGHT, ALIGN_TOP_LEFT, causal_alignment_code, window_pair
 from .ops import _export as _dl  # torch tensors as DLPack capsules (detached), None as None
+
+# What the public functions return: out, or (out, softmax_lse, None) with return_attn_probs.
+Result = Union[Tensor, Tuple[Tensor, Tensor, None]]
+Window = Tuple[int, int]
 
 __all__ = [
     "flash_attn_func",
@@ -263,9 +267,11 @@ def _no_block_table(block_table):
         raise NotImplementedError("block_table: the paged KV cache is not supported by flashattn (pass None)")
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                    causal_alignment="bottom_right", learnable_sink=None):
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                    causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                    return_attn_probs: bool = False, *, causal_alignment: str = "bottom_right",
+                    learnable_sink: Optional[Tensor] = None) -> Result:
     """Attention of q (B, Sq, Hq, D) against k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns out (B, Sq, Hq, Dv).
 
     As flash_attn.flash_attn_func. Extensions: ``causal_alignment`` "bottom_right" (default, flash_attn >= 2.1)
@@ -278,26 +284,32 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return _result(out, lse, return_attn_probs)
 
 
-def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                             causal_alignment="bottom_right"):
+def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                             causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                             return_attn_probs: bool = False, *, causal_alignment: str = "bottom_right") -> Result:
     """kv (B, Sk, 2, Hkv, D): k = kv[:, :, 0], v = kv[:, :, 1] (strided views, no copy)."""
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, causal_alignment=causal_alignment)
 
 
-def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                              causal_alignment="bottom_right"):
+def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                              causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                              return_attn_probs: bool = False, *, causal_alignment: str = "bottom_right") -> Result:
     """qkv (B, S, 3, H, D): q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]."""
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
                            softcap, alibi_slopes, deterministic, return_attn_probs, causal_alignment=causal_alignment)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, *,
-                           causal_alignment="bottom_right", seqused_k=None, learnable_sink=None):
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: Window = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                           return_attn_probs: bool = False, block_table: Optional[Tensor] = None, *,
+                           causal_alignment: str = "bottom_right", seqused_k: Optional[Tensor] = None,
+                           learnable_sink: Optional[Tensor] = None) -> Result:
     """Variable-length batch: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), int32 cu_seqlens (B + 1).
 
     As flash_attn.flash_attn_varlen_func (block_table is not supported). Extensions: ``causal_alignment``,
@@ -311,19 +323,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return _result(out, lse, return_attn_probs)
 
 
-def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                                    causal_alignment="bottom_right"):
+def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                                    softmax_scale: Optional[float] = None, causal: bool = False,
+                                    window_size: Window = (-1, -1), softcap: float = 0.0,
+                                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                                    return_attn_probs: bool = False, *,
+                                    causal_alignment: str = "bottom_right") -> Result:
     """kv (Tk, 2, Hkv, D)."""
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, causal_alignment=causal_alignment)
 
 
-def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
-                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, *, causal_alignment="bottom_right"):
+def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float = 0.0,
+                                     softmax_scale: Optional[float] = None, causal: bool = False,
+                                     window_size: Window = (-1, -1), softcap: float = 0.0,
+                                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                                     return_attn_probs: bool = False, *,
+                                     causal_alignment: str = "bottom_right") -> Result:
     """qkv (T, 3, H, D) with one cu_seqlens / max_seqlen for queries and keys."""
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,

@@ -92,7 +92,7 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
-):
+) -> Tensor | Tuple[Tensor, Tensor]:
     """Attention of q (B, Sq, Hq, D) against a KV cache, appending k/v (B, Snew, Hkv, D/Dv) to it first.
 
     As flash_attn.flash_attn_with_kvcache (2.x). k_cache/v_cache: (B_cache, Sk, Hkv, D/Dv), or with
