@@ -4,9 +4,8 @@
 #include <string>
 
 #include "cuda/device.hpp"
-#include "cuda/host_common.hpp"
 #include "cuda/bwd_params.hpp"
-#include "cuda/sm80/bwd_params.hpp"
+#include "cuda/host_common.hpp"
 #include "cuda/sm80/tiles.hpp"
 #include "cuda/sm90/tiles.hpp"
 
@@ -63,13 +62,8 @@ constexpr int kMaxGridYZ = 65535;  // CUDA grid limit of the sm80 launch's heads
 constexpr int64_t kMaxTmaCoord = (int64_t(1) << 31) - 1;  // TMA coordinates and sm90 tile indices are 32-bit
 
 // ------------------------------------------------------------------------------------------------- sm90
-// Why the sm90 forward cannot take the problem (the message of an explicit cuda-sm90 request), or "" when it can.
-std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
-  *instance = sm90::find_fwd(p.dtype, max_head_dim(p), needs_score_mods(p));
-  if (!instance->found())
-    return "q: the cuda-sm90 backend has no kernel for this dtype with head_dim " + std::to_string(p.head_dim) +
-           ", head_dim_v " + std::to_string(p.head_dim_v) + (needs_score_mods(p) ? " and softcap/ALiBi" : "") +
-           " in this build (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
+// The TMA and extent rules every sm90 kernel's tensors obey, or "" when the problem's do.
+std::string sm90_tma_unfit(const detail::Problem& p) {
   // TMA strides must be positive multiples of 16 bytes (the validation already requires multiples of 8
   // elements); a zero stride is only harmless along a dimension of extent 1.
   const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
@@ -91,6 +85,16 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
     return "q: the cuda-sm90 backend addresses at most 2^31-1 rows per tensor and 2^31-1 (query block, head, batch) "
            "tiles";
   return "";
+}
+
+// Why the sm90 forward cannot take the problem (the message of an explicit cuda-sm90 request), or "" when it can.
+std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
+  *instance = sm90::find_fwd(p.dtype, max_head_dim(p), needs_score_mods(p));
+  if (!instance->found())
+    return "q: the cuda-sm90 backend has no kernel for this dtype with head_dim " + std::to_string(p.head_dim) +
+           ", head_dim_v " + std::to_string(p.head_dim_v) + (needs_score_mods(p) ? " and softcap/ALiBi" : "") +
+           " in this build (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
+  return sm90_tma_unfit(p);
 }
 
 // Split-KV: when the tiles would leave SMs idle (decode: B x KV heads tiles of one packed query block), each
@@ -233,9 +237,7 @@ std::string sm90_bwd_unfit(const detail::Problem& p, const fa_exec& exec, Instan
            ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build";
   if (needs_score_mods(p)) return "softcap: the cuda-sm90 backward has no softcap/ALiBi kernels yet";
   if (exec.deterministic) return "exec.deterministic: the cuda-sm90 backward has no deterministic mode yet";
-  Instance fwd;  // the forward's TMA and extent rules hold for the backward's tensors too
-  if (std::string unfit = sm90_unfit(p, &fwd); !unfit.empty() && unfit.rfind("q: the cuda-sm90 backend has no kernel", 0) != 0)
-    return unfit;
+  if (std::string unfit = sm90_tma_unfit(p); !unfit.empty()) return unfit;
   const int64_t batch = p.varlen ? 1 : p.batch;
   const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
   auto bad = [&](const detail::RowLayout& l) {
@@ -244,7 +246,8 @@ std::string sm90_bwd_unfit(const detail::Problem& p, const fa_exec& exec, Instan
   if (bad(p.dout_layout))
     return "dout: the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides along every dimension "
            "of extent > 1";
-  if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ) return "q: the cuda-sm90 backward supports at most 65535 heads and batch entries";
+  if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
+    return "q: the cuda-sm90 backward supports at most 65535 heads and batch entries";
   return "";
 }
 #endif
