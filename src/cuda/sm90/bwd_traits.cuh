@@ -35,14 +35,6 @@ namespace flashattn::cuda::sm90 {
 
 using namespace cute;
 
-// K-major shared-memory atom of `kCols` columns: the widest swizzle whose atom width divides it.
-template <class Element, int kCols>
-constexpr auto bwd_smem_atom() {
-  if constexpr (kCols % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
-  else if constexpr (kCols % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
-  else return GMMA::Layout_K_SW32_Atom<Element>{};
-}
-
 template <class Element_, int kHeadDim_>
 struct BwdTraits {
   using Element = Element_;
@@ -85,12 +77,12 @@ struct BwdTraits {
       WgDq{}));
 
   // Q and dO: (block_q, d, stage). Their transposed views (d, block_q, stage) are the MN-major B operands of dK/dV.
-  using SmemAtomQ = decltype(bwd_smem_atom<Element, kHeadDim>());
+  using SmemAtomQ = decltype(smem_atom_k_major<Element, kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
   // K: (keys, d) with an atom narrow enough that dQ's B operand may take half the head dim (block_q 64).
-  using SmemAtomK = decltype(bwd_smem_atom<Element, kDqCols>());
+  using SmemAtomK = decltype(smem_atom_k_major<Element, kDqCols>());
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutKt =
       decltype(composition(SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));

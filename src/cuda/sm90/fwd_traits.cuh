@@ -23,15 +23,6 @@ namespace flashattn::cuda::sm90 {
 using namespace cute;
 
 // ------------------------------------------------------------------------------------------- traits
-// K-major shared-memory atom with the widest swizzle the head dim allows (128-byte rows of 64 elements when the
-// head dim is a multiple of 64): the layout wgmma reads without bank conflicts and TMA writes in one box row.
-template <class Element, int kHeadDim>
-constexpr auto smem_atom_k_major() {
-  if constexpr (kHeadDim % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
-  else if constexpr (kHeadDim % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
-  else return GMMA::Layout_K_SW32_Atom<Element>{};
-}
-
 template <class Element_, int kHeadDim_, bool kWindowed_, class Mech_ = Mechanisms<>>
 struct FwdTraits {
   using Element = Element_;

@@ -1,5 +1,5 @@
-// wgmma helpers both sm90 kernels (forward, backward) use: accumulator views and one GEMM issued as one
-// committed batch of wgmmas.
+// wgmma helpers both sm90 kernels (forward, backward) use: the shared-memory atom, accumulator views and one GEMM
+// issued as one committed batch of wgmmas.
 #pragma once
 
 #include <type_traits>
@@ -10,6 +10,16 @@
 namespace flashattn::cuda::sm90 {
 
 using namespace cute;
+
+// K-major shared-memory atom with the widest swizzle whose width divides kCols (128-byte rows of 64 elements when
+// it is a multiple of 64): the layout wgmma reads without bank conflicts and TMA writes in one box row. The
+// backward passes half the head dim for K, whose MN-major view dQ slices there.
+template <class Element, int kCols>
+constexpr auto smem_atom_k_major() {
+  if constexpr (kCols % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
+  else if constexpr (kCols % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
+  else return GMMA::Layout_K_SW32_Atom<Element>{};
+}
 
 // wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent
 // columns, mode 1 the row 8 below, mode 2 the 8-column groups.
