@@ -64,7 +64,8 @@ struct BwdTraits {
   // Tiled over both consumer warpgroups (thread index 0..255 of the consumers): S^T, dP^T and dK/dV split the
   // keys, dQ its rows (block_q 128) or its head dim (block_q 64).
   using WgKeys = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
-  using WgDq = std::conditional_t<kDqSplitRows, Layout<Shape<Int<kConsumerWGs>, _1, _1>>, Layout<Shape<_1, Int<kConsumerWGs>, _1>>>;
+  using WgDq = std::conditional_t<kDqSplitRows, Layout<Shape<Int<kConsumerWGs>, _1, _1>>,
+                                  Layout<Shape<_1, Int<kConsumerWGs>, _1>>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kBlockM>, Int<kHeadDim>>>(), WgKeys{}));
   using TiledMmadKV = decltype(make_tiled_mma(
