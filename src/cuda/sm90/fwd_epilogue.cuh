@@ -12,11 +12,12 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class Traits, bool kPackGQA>
+template <class Traits, class Opts>
 struct FwdEpilogue {
+  static constexpr bool kPackGQA = Opts::kPackGQA;
   using Element = typename Traits::Element;
   using Mech = typename Traits::Mech;
-  using Tile = FwdTile<Traits, kPackGQA>;
+  using Tile = FwdTile<Traits, Opts>;
   static constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kWGs = Traits::kConsumerWGs;
   static constexpr int kWgThreads = Traits::kWgThreads;
   // O from registers to global memory where it would otherwise be staged in Q's space (no room for a tile of its

@@ -19,17 +19,18 @@
 
 namespace flashattn::cuda::sm90 {
 
-// kScoreMods: softcap and/or ALiBi present (their own instantiation keeps the plain kernel's registers free).
-// kPackGQA: GQA query-head packing for query sequences shorter than a tile (fwd_tile.cuh). Its own instantiation:
-// the row gathers and per-row addresses cost registers the plain kernels do not have to spare (d64 and 176-key
-// d128 spilled with packing decided at run time).
-template <class Traits, bool kScoreMods, bool kPackGQA>
+// Opts (a FwdVariant, mechanisms.hpp): variant::ScoreMods, softcap and/or ALiBi present (their own instantiation
+// keeps the plain kernel's registers free); variant::PackGQA, GQA query-head packing for query sequences shorter
+// than a tile (fwd_tile.cuh). Its own instantiation: the row gathers and per-row addresses cost registers the
+// plain kernels do not have to spare (d64 and 176-key d128 spilled with packing decided at run time).
+template <class Traits, class Opts>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> kp) {
   using Pipeline = typename Traits::Pipeline;
-  using Load = FwdLoad<Traits, kPackGQA>;
-  using Mainloop = FwdMainloop<Traits, kScoreMods, kPackGQA>;
-  using Epilogue = FwdEpilogue<Traits, kPackGQA>;
-  using Tile = FwdTile<Traits, kPackGQA>;
+  using Load = FwdLoad<Traits, Opts>;
+  using Mainloop = FwdMainloop<Traits, Opts>;
+  using Epilogue = FwdEpilogue<Traits, Opts>;
+  using Tile = FwdTile<Traits, Opts>;
+  constexpr bool kPackGQA = Opts::kPackGQA;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);

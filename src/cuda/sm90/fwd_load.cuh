@@ -8,12 +8,13 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class Traits, bool kPackGQA>
+template <class Traits, class Opts>
 struct FwdLoad {
+  static constexpr bool kPackGQA = Opts::kPackGQA;
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Traits::PipelineState;
-  using Tile = FwdTile<Traits, kPackGQA>;
+  using Tile = FwdTile<Traits, Opts>;
   static constexpr int kWgRows = Traits::kWgRows, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kWGs = Traits::kConsumerWGs, kWgThreads = Traits::kWgThreads;
   static constexpr int kProducerWarpThreads = 32;

@@ -57,14 +57,15 @@ __device__ void apply_mask_packed(const Mask& mask, S& s, const C& coords, int m
   }
 }
 
-// kScoreMods: softcap and/or ALiBi present (their own instantiation keeps the plain kernel's registers free).
-template <class Traits, bool kScoreMods, bool kPackGQA, class ProbMod = NoProbMod>
+// Opts: a FwdVariant (score mods, packed GQA); ProbMod: the probability slot's policy.
+template <class Traits, class Opts, class ProbMod = NoProbMod>
 struct FwdMainloop {
+  static constexpr bool kScoreMods = Opts::kScoreMods, kPackGQA = Opts::kPackGQA;
   using Element = typename Traits::Element;
   using Mech = typename Traits::Mech;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Traits::PipelineState;
-  using Tile = FwdTile<Traits, kPackGQA>;
+  using Tile = FwdTile<Traits, Opts>;
   static constexpr int kWgRows = Traits::kWgRows, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kWgThreads = Traits::kWgThreads, kConsumerThreads = Traits::kConsumerThreads;
 
@@ -110,7 +111,7 @@ struct FwdMainloop {
     const ScoreMods mods(p, tile.seq, tile.t.batch, tile.t.head);  // ALiBi never runs packed (slope per head)
     const ProbMod prob_mod{};
 
-    if constexpr (kPackGQA) FwdLoad<Traits, true>::gather_q_packed(p, tile, sQw, wg, tid);
+    if constexpr (kPackGQA) FwdLoad<Traits, Opts>::gather_q_packed(p, tile, sQw, wg, tid);
 
     clear(tOrO);
 

@@ -7,10 +7,11 @@
 
 namespace flashattn::cuda::sm90 {
 
-// kPackGQA: a tile's rows are (query position, head of the group) pairs, position-major (rows_per_pos = group),
-// and tiles run over KV heads; otherwise one row per position.
-template <class Traits, bool kPackGQA>
+// Opts::kPackGQA: a tile's rows are (query position, head of the group) pairs, position-major (rows_per_pos =
+// group), and tiles run over KV heads; otherwise one row per position.
+template <class Traits, class Opts>
 struct FwdTile {
+  static constexpr bool kPackGQA = Opts::kPackGQA;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   TileScheduler::Tile t;
   SeqInfo seq;

@@ -35,4 +35,17 @@ struct Mechanisms {
   static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
 };
 
+// What one compiled forward kernel handles beyond the plain case, as named options: FwdVariant<> is the plain
+// kernel. Each combination is its own instantiation.
+namespace variant {
+struct ScoreMods {};  // softcap and/or ALiBi (their registers would crowd the plain kernel)
+struct PackGQA {};    // the query heads of a KV group share a tile (short query sequences, fwd_tile.cuh)
+}  // namespace variant
+
+template <class... Options>
+struct FwdVariant {
+  static constexpr bool kScoreMods = (false || ... || std::is_same_v<Options, variant::ScoreMods>);
+  static constexpr bool kPackGQA = (false || ... || std::is_same_v<Options, variant::PackGQA>);
+};
+
 }  // namespace flashattn::cuda::sm90
