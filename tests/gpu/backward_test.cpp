@@ -54,9 +54,15 @@ void run_backward_case(const Case& c) {
     for (auto& s : slopes) s = u(rng);
   }
   std::vector<int32_t> used(c.used_k.begin(), c.used_k.end());
+  std::vector<float> sink_logits;
+  if (c.sinks) {
+    std::uniform_real_distribution<float> u(-2.f, 4.f);
+    sink_logits.resize(size_t(c.hq));
+    for (auto& s : sink_logits) s = u(rng);
+  }
 
   DeviceBuffer<uint16_t> q(nq), k(nk), v(nv), out(no), dout(no), dq(nq), dk(nk), dv(nv);
-  DeviceBuffer<float> lse(nl), sl(slopes.size());
+  DeviceBuffer<float> lse(nl), sl(slopes.size()), dsink_logits(sink_logits.size()), ddsinks(sink_logits.size());
   DeviceBuffer<int32_t> dcu_q(cu_q.size()), dcu_k(cu_k.size()), dused(used.size());
   ASSERT_TRUE(q.ptr && k.ptr && v.ptr && out.ptr && dout.ptr && dq.ptr && dk.ptr && dv.ptr && lse.ptr);
   q.upload(hq);
@@ -64,6 +70,7 @@ void run_backward_case(const Case& c) {
   v.upload(hv);
   dout.upload(hdo);
   if (!slopes.empty()) sl.upload(slopes);
+  if (!sink_logits.empty()) dsink_logits.upload(sink_logits);
   if (varlen) {
     dcu_q.upload(cu_q);
     dcu_k.upload(cu_k);
@@ -71,7 +78,7 @@ void run_backward_case(const Case& c) {
   if (!used.empty()) dused.upload(used);
 
   struct Ptrs {
-    void *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *cuq, *cuk, *used, *slopes;
+    void *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *cuq, *cuk, *used, *slopes, *sinks, *dsinks;
   };
   auto make = [&](fa_device dev, const Ptrs& x) {
     fa_bwd_params p{};
@@ -110,11 +117,15 @@ void run_backward_case(const Case& c) {
       int64_t s[2] = {batch, c.hq};
       p.attn.alibi_slopes = fa_make_tensor(x.slopes, FA_FLOAT32, dev, 2, s);
     }
+    if (c.sinks) {
+      p.attn.sinks = fa_make_tensor(x.sinks, FA_FLOAT32, dev, 1, &c.hq);
+      p.dsinks = fa_make_tensor(x.dsinks, FA_FLOAT32, dev, 1, &c.hq);
+    }
     return p;
   };
 
   const Ptrs gpu{q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr, dv.ptr,
-                 dcu_q.ptr, dcu_k.ptr, dused.ptr, sl.ptr};
+                 dcu_q.ptr, dcu_k.ptr, dused.ptr, sl.ptr, dsink_logits.ptr, ddsinks.ptr};
   fa_bwd_params gp = make(FA_DEVICE_CUDA, gpu);
   fa_fwd_params fp{};
   fp.attn = gp.attn;
@@ -131,9 +142,11 @@ void run_backward_case(const Case& c) {
   ASSERT_EQ(cudaMemset(dq.ptr, 0xff, nq * 2), cudaSuccess);
   ASSERT_EQ(cudaMemset(dk.ptr, 0xff, nk * 2), cudaSuccess);
   ASSERT_EQ(cudaMemset(dv.ptr, 0xff, nv * 2), cudaSuccess);
+  if (c.sinks) ASSERT_EQ(cudaMemset(ddsinks.ptr, 0xff, sink_logits.size() * sizeof(float)), cudaSuccess);
   ASSERT_EQ(fa_backward(&gp, &exec), FA_OK) << fa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint16_t> got_q = dq.download(), got_k = dk.download(), got_v = dv.download();
+  const std::vector<float> got_dsinks = c.sinks ? ddsinks.download() : std::vector<float>{};
 
   if (c.deterministic) {  // a second run (poisoned again) must reproduce every bit
     ASSERT_EQ(cudaMemset(dq.ptr, 0xff, nq * 2), cudaSuccess);
@@ -150,15 +163,17 @@ void run_backward_case(const Case& c) {
   std::vector<uint16_t> host_out = out.download();
   std::vector<float> host_lse = lse.download();
   std::vector<uint16_t> unused_q(nq), unused_k(nk), unused_v(nv);
+  std::vector<float> unused_dsinks(sink_logits.size());
   const Ptrs host{hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(), hdo.data(), unused_q.data(),
-                  unused_k.data(), unused_v.data(), cu_q.data(), cu_k.data(), used.data(), slopes.data()};
+                  unused_k.data(), unused_v.data(), cu_q.data(), cu_k.data(), used.data(), slopes.data(),
+                  sink_logits.data(), unused_dsinks.data()};
   fa_bwd_params hp = make(FA_DEVICE_CPU, host);
   Problem prob;
   const flashattn::detail::Requirements cpu_req{0, 1, true, "cpu"};
   auto e = flashattn::detail::validate(hp.attn, hp.out, hp.lse, &hp.dout, &hp.dq, &hp.dk, &hp.dv,
                                        flashattn::detail::Direction::kBackward, cpu_req,
                                        varlen ? cu_q.data() : nullptr, varlen ? cu_k.data() : nullptr,
-                                       used.empty() ? nullptr : used.data(), &prob);
+                                       used.empty() ? nullptr : used.data(), &prob, c.sinks ? &hp.dsinks : nullptr);
   ASSERT_TRUE(e.ok()) << e.message;
   ref::Grads exact, plain;
   // The float64 reference dominates the run time: the two roundings run side by side.
@@ -187,6 +202,11 @@ void run_backward_case(const Case& c) {
   compare("dq", got_q, exact.dq, plain.dq, c.hq, gq, c.d);
   compare("dk", got_k, exact.dk, plain.dk, c.hkv, gk, c.d);
   compare("dv", got_v, exact.dv, plain.dv, c.hkv, gk, c.dv);
+  if (c.sinks) {  // the rule of the CPU suite (tests/attention_case.cpp): the storage dtype's
+    ref::Comparison cmp(c.dtype);
+    for (int64_t h = 0; h < c.hq; ++h) cmp.add(got_dsinks[size_t(h)], exact.dsinks[size_t(h)], plain.dsinks[size_t(h)]);
+    EXPECT_TRUE(cmp.passed()) << "dsinks: " << cmp.summary();
+  }
 }
 
 constexpr MaskKind kMasks[] = {{"none", false, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
@@ -223,6 +243,13 @@ std::vector<Case> backward_cases() {
     c.name = "alibi"; c.alibi = 1; c.causal = false; add(c);
     c.name = "alibi_batch_causal"; c.alibi = 2; c.batch = 2; c.causal = true; add(c);
     c.name = "alibi_softcap_window"; c.alibi = 1; c.softcap = 3.f; c.wl = 50, c.wr = 10; c.causal = false; add(c);
+  }
+  {  // learnable sinks: dsinks from the backward's D (both families; sm90: d <= 128 without softcap)
+    Case c; c.sq = 130, c.sk = 90, c.hq = 4, c.hkv = 2; c.sinks = true; c.causal = true;
+    c.name = "sinks_causal_gqa"; add(c);
+    c.name = "sinks_window_d128_fp16"; c.causal = false; c.wl = 20, c.wr = 3; c.d = c.dv = 128; c.dtype = FA_FLOAT16; add(c);
+    Case v; v.hq = 4, v.hkv = 4; v.sinks = true; v.lens_q = {5, 0, 40}; v.lens_k = {300, 7, 1}; v.causal = true;
+    v.name = "sinks_varlen_causal"; add(v);
   }
   {  // varlen, seqused_k, strided, deterministic
     Case c; c.d = c.dv = 64;
