@@ -192,9 +192,6 @@ int capi_case(uint64_t seed) {
   std::mt19937_64 rng(seed);
   Case c = random_case(rng);
   const bool backward = rng() % 3 == 0;
-  // The fp32 backward's long reductions exceed Comparison's fp32 floor (1 ulp at the largest magnitude) on
-  // some shapes; that tolerance is not this tier's subject, so backward cases run in 16-bit types.
-  if (backward && c.dtype == FA_FLOAT32) c.dtype = FA_BFLOAT16;
   const bool mutate = rng() % 4 != 0;
   const Mutation* m = mutate ? &mutations()[rng() % mutations().size()] : nullptr;
   // A window mutation that the library accepts is the unbroken problem with that window: apply it to the

@@ -79,10 +79,16 @@ double round_storage(fa_dtype t, double x) {
   }
 }
 
+// The plain implementation rounds what an unfused framework stores (scores, probabilities, outputs) to the storage
+// dtype and accumulates its sums in fp32, as its matmuls and reductions do; the exact reference does neither.
+// (With fp32 storage the first alone left the plain error at the output rounding, below what any fp32
+// implementation's long reductions reach, and a correct fp32 backward could fail the 2x rule.)
 struct Rounder {
   fa_dtype t;
   bool on;
   double operator()(double x) const { return on ? round_storage(t, x) : x; }
+  // acc + term, as an fp32 accumulator holds it.
+  double add(double acc, double term) const { return on ? double(float(acc + term)) : acc + term; }
 };
 
 int64_t global_q(const Problem& p, int64_t b, int64_t r) { return p.varlen ? p.host_cu_q[b] + r : b * p.seqlen_q + r; }
@@ -100,7 +106,7 @@ void logits(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, int64_t 
   for (int64_t j = 0; j < lk; ++j) {
     double dot = 0;
     for (int64_t c = 0; c < p.head_dim; ++c)
-      dot += load(p, p.q, p.q_layout, b, i, h, c) * load(p, p.k, p.k_layout, b, j, hk, c);
+      dot = rnd.add(dot, load(p, p.q, p.q_layout, b, i, h, c) * load(p, p.k, p.k_layout, b, j, hk, c));
     double x = rnd(rnd(dot) * p.scale);
     if (p.softcap > 0) {
       (*tanh_vals)[j] = std::tanh(x / p.softcap);
@@ -148,7 +154,8 @@ void forward_row(const Problem& p, Rounding rounding, int64_t b, int64_t h, int6
   const int64_t hk = h / p.group();
   for (int64_t c = 0; c < p.head_dim_v; ++c) {
     double acc = 0;
-    for (size_t j = 0; j < s.size(); ++j) acc += rnd(s[j]) * load(p, p.v, p.v_layout, b, int64_t(j), hk, c);
+    for (size_t j = 0; j < s.size(); ++j)
+      acc = rnd.add(acc, rnd(s[j]) * load(p, p.v, p.v_layout, b, int64_t(j), hk, c));
     out_row[c] = rnd(acc);
   }
 }
@@ -184,9 +191,9 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
     keep[j] = p.dropout.factor(b, p.heads_q, h, i, int64_t(j));
     double acc = 0;
     for (int64_t c = 0; c < dv; ++c)
-      acc += load(p, p.dout, p.dout_layout, b, i, h, c) * load(p, p.v, p.v_layout, b, int64_t(j), hk, c);
+      acc = rnd.add(acc, load(p, p.dout, p.dout_layout, b, i, h, c) * load(p, p.v, p.v_layout, b, int64_t(j), hk, c));
     dP[j] = rnd(acc);
-    D += s[j] * keep[j] * dP[j];
+    D = rnd.add(D, s[j] * keep[j] * dP[j]);
   }
   // The sink's probability e^{sink - lse} carries dP = 0 (it adds nothing to out): dsink = -P_sink * D.
   if (g && sink != kNegInf && lse != kNegInf) g->dsinks[size_t(h)] -= std::exp(sink - lse) * D;
@@ -195,13 +202,15 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
     if (s[j] == 0) continue;  // masked or underflowed: no gradient (keeps -inf logits out of the sums)
     double dcap = p.softcap > 0 ? 1 - th[j] * th[j] : 1;
     double ds = rnd(s[j] * (dP[j] * keep[j] - D) * dcap * p.scale);
-    for (int64_t c = 0; c < d; ++c) dq_row[c] += ds * load(p, p.k, p.k_layout, b, int64_t(j), hk, c);
+    for (int64_t c = 0; c < d; ++c)
+      dq_row[c] = rnd.add(dq_row[c], ds * load(p, p.k, p.k_layout, b, int64_t(j), hk, c));
     if (g) {
       const int64_t gk = global_k(p, b, int64_t(j));
       double* dk = &g->dk[size_t((hk * p.total_k + gk) * d)];
       double* dvr = &g->dv[size_t((hk * p.total_k + gk) * dv)];
-      for (int64_t c = 0; c < d; ++c) dk[c] += ds * load(p, p.q, p.q_layout, b, i, h, c);
-      for (int64_t c = 0; c < dv; ++c) dvr[c] += s[j] * keep[j] * load(p, p.dout, p.dout_layout, b, i, h, c);
+      for (int64_t c = 0; c < d; ++c) dk[c] = rnd.add(dk[c], ds * load(p, p.q, p.q_layout, b, i, h, c));
+      for (int64_t c = 0; c < dv; ++c)
+        dvr[c] = rnd.add(dvr[c], s[j] * keep[j] * load(p, p.dout, p.dout_layout, b, i, h, c));
     }
   }
 }

@@ -1,7 +1,8 @@
 // Naive attention in float64 that materialises the scores: the ground truth for tests and `--check`.
 // With Rounding::kStorage it becomes "a plain low-precision implementation" (scores, probabilities and
-// outputs rounded to the storage dtype, as an unfused framework computes them), whose error against the
-// exact reference sets the tolerance (the FlashAttention convention: ours <= 2x that error).
+// outputs rounded to the storage dtype and sums accumulated in fp32, as an unfused framework computes them),
+// whose error against the exact reference sets the tolerance (the FlashAttention convention: ours <= 2x that
+// error).
 #pragma once
 
 #include <string>
