@@ -1,6 +1,7 @@
 // Backward of the sm80 backend: the FlashAttention-2 algorithm (Dao 2023, Alg. 2) written with CuTe, in the
 // style of the forward (fwd_kernel.cuh, whose tile helpers, sequence info and mask policies it reuses).
-//   1. preprocess: D = rowsum(dO * O) per (query head, row) in fp32; the same kernel zeroes the dQ workspace.
+//   1. preprocess (common/bwd_common.cuh, shared with sm90): D = rowsum(dO * O) per (query head, row) in fp32;
+//      the same kernel zeroes the dQ workspace.
 //   2. main (dkdv_kernel): grid = key blocks x query heads x batch. K/V of the block sit in shared memory and
 //      dK/dV in registers while the CTA walks the query blocks that see the block (causal / window skipping),
 //      Q and dO double-buffered with cp.async. Per step S = Q.K^T and dP = dO.V^T stay in registers;
@@ -9,8 +10,8 @@
 //      read them want other warp tilings: dV += P^T.dO, dK += dS^T.Q (P^T, dS^T, dO^T, Q^T through
 //      ldmatrix.trans) and dQ = dS.K, whose fp32 tile is added to the workspace (atomics, or plain adds by the
 //      split's one owner when deterministic).
-//   3. postprocess: dQ splits summed in order, times the softmax scale -> output dtype; GQA: the per-query-head
-//      fp32 dK/dV summed over each group in a fixed order -> output dtype.
+//   3. postprocess: dQ splits summed in order, times the softmax scale -> output dtype; GQA (common/bwd_common.cuh):
+//      the per-query-head fp32 dK/dV summed over each group in a fixed order -> output dtype.
 // The softmax scale is factored out of dS (applied once to dK and dQ at the end), as FA2 does. Head dims below
 // the compiled one are zero-filled shared-memory columns (they add nothing) and predicated stores.
 #pragma once
