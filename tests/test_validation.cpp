@@ -525,5 +525,38 @@ TEST(Validation, MakeTensorOverflowIsReported) {
   EXPECT_NE(st.message.find("q: must have 4 dimensions (got -1)"), std::string::npos) << st.message;
 }
 
+// The plan view: what a call would run, with the call's own errors when it would fail.
+TEST(Validation, PlanViewMatchesTheCall) {
+  Problem pr(base());
+  PlanInfo info{};
+  ASSERT_TRUE(forward_plan(pr.fwd(), &info, pr.exec()).ok());
+  EXPECT_STREQ(info.kernels, "cpu");
+  EXPECT_GT(info.block_q, 0);
+  EXPECT_GT(info.block_k, 0);
+  EXPECT_EQ(info.num_splits, 1);
+  EXPECT_EQ(info.workspace_bytes, 0);
+  PlanInfo binfo{};
+  ASSERT_TRUE(backward_plan(pr.bwd(), &binfo, pr.exec()).ok());
+  EXPECT_STREQ(binfo.kernels, "cpu");
+  int bq = 0, bk = 0;
+  FwdParams fp = pr.fwd();
+  fa_exec e = pr.exec();
+  fa_forward_tile_shape(&fp, &e, &bq, &bk);
+  EXPECT_EQ(bq, info.block_q);
+  EXPECT_EQ(bk, info.block_k);
+
+  EXPECT_EQ(fa_forward_plan(&fp, &e, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("info"), std::string::npos) << fa_last_error();
+  EXPECT_EQ(fa_forward_plan(nullptr, &e, &info), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(fa_backward_plan(nullptr, &e, &info), FA_ERROR_INVALID_ARGUMENT);
+  // An invalid call: the plan reports what the call reports.
+  fp.attn.k.shape[3] = 8;  // head dim differs from q's
+  const Status call = forward(fp, e);
+  const Status plan = forward_plan(fp, &info, e);
+  EXPECT_EQ(plan.code, call.code);
+  EXPECT_EQ(plan.message, call.message);
+  EXPECT_NE(call.code, FA_OK);
+}
+
 }  // namespace
 }  // namespace flashattn::testing

@@ -138,6 +138,19 @@ const char* fa_backend_name(const fa_fwd_params* params, const fa_exec* exec);
    sm80, the key length; for IO accounting). */
 void fa_forward_tile_shape(const fa_fwd_params* params, const fa_exec* exec, int* block_q, int* block_k);
 
+/* What runs a call, as the plan decides it (the same decisions fa_forward / fa_backward then take): the kernel
+   family, the tiles, split-KV splits and GQA packing (forward), and the device workspace the launch allocates.
+   Nothing runs. Returns what the call would for invalid or unsupported params (the message in fa_last_error). */
+typedef struct fa_plan_info {
+  const char* kernels; /* "cpu", "cuda-sm80", "cuda-sm90" (static storage) */
+  int block_q, block_k;
+  int num_splits;      /* forward: key-range splits per tile (1: none) */
+  int pack_gqa;        /* forward: the query heads of a KV group share a tile */
+  int64_t workspace_bytes;
+} fa_plan_info;
+fa_status fa_forward_plan(const fa_fwd_params* params, const fa_exec* exec, fa_plan_info* info);
+fa_status fa_backward_plan(const fa_bwd_params* params, const fa_exec* exec, fa_plan_info* info);
+
 /* Contiguous view helper: strides filled row-major. */
 fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim, const int64_t* shape);
 

@@ -33,6 +33,19 @@ inline Status backward(const BwdParams& p, const Exec& e = fa_exec_default()) {
   return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
 }
 
+using PlanInfo = fa_plan_info;
+
+// The plan of a call (which kernels, tiles, splits, workspace) without running it.
+inline Status forward_plan(const FwdParams& p, PlanInfo* info, const Exec& e = fa_exec_default()) {
+  fa_status c = fa_forward_plan(&p, &e, info);
+  return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
+}
+
+inline Status backward_plan(const BwdParams& p, PlanInfo* info, const Exec& e = fa_exec_default()) {
+  fa_status c = fa_backward_plan(&p, &e, info);
+  return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
+}
+
 // A contiguous (row-major) view of `data` with the given shape.
 inline Tensor make_tensor(void* data, fa_dtype dtype, std::initializer_list<int64_t> shape,
                           fa_device device = FA_DEVICE_CPU) {

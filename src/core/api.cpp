@@ -164,6 +164,41 @@ fa_status fa_backward(const fa_bwd_params* params, const fa_exec* exec) {
   });
 }
 
+namespace {
+fa_status plan_of(const fa_fwd_params* fwd, const fa_bwd_params* bwd, const fa_exec* exec, fa_plan_info* info) {
+  return guarded([&] {
+    g_static_error = nullptr;
+    g_last_error.clear();
+    if (fwd == nullptr && bwd == nullptr) return record(invalid("params", "null pointer"));
+    if (info == nullptr) return record(invalid("info", "null pointer"));
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    const Backend* backend = nullptr;
+    Problem problem;
+    const Direction dir = bwd ? Direction::kBackward : Direction::kForward;
+    const Error prepared =
+        bwd ? prepare(bwd->attn, bwd->out, bwd->lse, &bwd->dout, &bwd->dq, &bwd->dk, &bwd->dv, dir, x, &backend,
+                      &problem, &bwd->dsinks)
+            : prepare(fwd->attn, fwd->out, fwd->lse, nullptr, nullptr, nullptr, nullptr, dir, x, &backend, &problem);
+    if (!prepared.ok()) return record(prepared);
+    if (dir == Direction::kBackward && backend->backward == nullptr)
+      return record(unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet"));
+    PlanInfo plan;
+    if (Error e = backend->plan(problem, x, dir, &plan); !e.ok()) return record(e);
+    *info = fa_plan_info{plan.kernels, plan.block_q, plan.block_k, plan.num_splits, plan.pack_gqa ? 1 : 0,
+                         plan.workspace_bytes};
+    return FA_OK;
+  });
+}
+}  // namespace
+
+fa_status fa_forward_plan(const fa_fwd_params* params, const fa_exec* exec, fa_plan_info* info) {
+  return plan_of(params, nullptr, exec, info);
+}
+
+fa_status fa_backward_plan(const fa_bwd_params* params, const fa_exec* exec, fa_plan_info* info) {
+  return plan_of(nullptr, params, exec, info);
+}
+
 const char* fa_backend_name(const fa_fwd_params* params, const fa_exec* exec) {
   const char* name = "none";
   guarded([&] {

@@ -9,12 +9,22 @@ struct TileShape {
   int block_q = 0, block_k = 0;
 };
 
+// What a call's plan says (fa_forward_plan / fa_backward_plan in flashattn.h).
+struct PlanInfo {
+  const char* kernels = "";  // the kernel family that runs: "cpu", "cuda-sm80", "cuda-sm90"
+  int block_q = 0, block_k = 0;
+  int num_splits = 1;
+  bool pack_gqa = false;
+  int64_t workspace_bytes = 0;
+};
+
 struct Backend {
   const char* name;
   Requirements requirements;
   Error (*forward)(const Problem&, const fa_exec&);
   Error (*backward)(const Problem&, const fa_exec&);
   TileShape (*tile_shape)(const Problem&);
+  Error (*plan)(const Problem&, const fa_exec&, Direction, PlanInfo*);
 };
 
 const Backend& cpu_backend();

@@ -71,6 +71,16 @@ detail::TileShape tile_shape(const detail::Problem& p) {
   CpuTiles t = cpu_tiles(p.head_dim);
   return {t.block_q, t.block_k};
 }
+// Both directions walk the same tiles; the scratch is host memory, not a device workspace.
+detail::Error plan(const detail::Problem& p, const fa_exec&, detail::Direction, detail::PlanInfo* out) {
+  if (detail::Error err = check_lengths(p); !err.ok()) return err;
+  const CpuTiles t = cpu_tiles(p.head_dim);
+  *out = detail::PlanInfo{};
+  out->kernels = "cpu";
+  out->block_q = t.block_q;
+  out->block_k = t.block_k;
+  return detail::ok();
+}
 
 }  // namespace
 
@@ -89,7 +99,8 @@ void reset_peak_scratch_bytes() { g_peak.store(g_current.load()); }
 namespace flashattn::detail {
 
 const Backend& cpu_backend() {
-  static const Backend b{"cpu", Requirements{0, 1, true, "cpu"}, cpu::forward, cpu::backward, cpu::tile_shape};
+  static const Backend b{"cpu", Requirements{0, 1, true, "cpu"}, cpu::forward, cpu::backward, cpu::tile_shape,
+                         cpu::plan};
   return b;
 }
 

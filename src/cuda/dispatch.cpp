@@ -106,6 +106,30 @@ detail::TileShape tile_shape(const detail::Problem& p) {
   return {plan.block_q, plan.block_k};
 }
 
+template <Family kSelected>
+detail::Error plan_info(const detail::Problem& p, const fa_exec& exec, detail::Direction dir, detail::PlanInfo* out) {
+  if (detail::Error e = refuse_dropout(p); !e.ok()) return e;
+  *out = detail::PlanInfo{};
+  if (dir == detail::Direction::kForward) {
+    FwdPlan plan;
+    if (detail::Error e = plan_forward(p, exec, kSelected, &plan); !e.ok()) return e;
+    out->kernels = family_name(plan.family);
+    out->block_q = plan.block_q;
+    out->block_k = plan.block_k;
+    out->num_splits = plan.num_splits;
+    out->pack_gqa = plan.pack_gqa;
+    out->workspace_bytes = plan.workspace_bytes;
+  } else {
+    BwdPlan plan;
+    if (detail::Error e = plan_backward(p, exec, kSelected, &plan); !e.ok()) return e;
+    out->kernels = family_name(plan.family);
+    out->block_q = plan.block_q;
+    out->block_k = plan.block_k;
+    out->workspace_bytes = plan.workspace_bytes;
+  }
+  return detail::ok();
+}
+
 // 16-byte pointers and strides in multiples of 8 elements: every row of a tile starts on a 16-byte boundary, so
 // the sm80 kernels move whole 128-bit vectors (cp.async 16 B) without alignment checks, and TMA (sm90) needs
 // 16-byte strides as well. Both backends need the same, since either may run the sm80 kernels.
@@ -116,7 +140,8 @@ template <Family kFamily>
 const detail::Backend& make_backend() {
   static const detail::Backend b{family_name(kFamily),
                                  detail::Requirements{kVectorBytes, kVectorElems, false, family_name(kFamily)},
-                                 forward<kFamily>, backward<kFamily>, tile_shape<kFamily>};
+                                 forward<kFamily>, backward<kFamily>, tile_shape<kFamily>,
+                                 plan_info<kFamily>};
   return b;
 }
 

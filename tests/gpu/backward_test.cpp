@@ -145,6 +145,13 @@ void run_backward_case(const Case& c) {
   if (c.sinks) ASSERT_EQ(cudaMemset(ddsinks.ptr, 0xff, sink_logits.size() * sizeof(float)), cudaSuccess);
   ASSERT_EQ(fa_backward(&gp, &exec), FA_OK) << fa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // The kernels that ran, as the plan names them: cuda-sm90 takes fp16/bf16 up to head dim 128 without softcap,
+  // ALiBi or deterministic mode (plan.cpp); everything else is the sm80 backward.
+  fa_plan_info plan{};
+  ASSERT_EQ(fa_backward_plan(&gp, &exec, &plan), FA_OK) << fa_last_error();
+  const bool sm90_takes = c.backend == FA_BACKEND_CUDA_SM90 && std::max(c.d, c.dv) <= 128 && c.softcap == 0.f &&
+                          c.alibi == 0 && !c.deterministic;
+  EXPECT_STREQ(plan.kernels, sm90_takes ? "cuda-sm90" : "cuda-sm80");
   const std::vector<uint16_t> got_q = dq.download(), got_k = dk.download(), got_v = dv.download();
   const std::vector<float> got_dsinks = c.sinks ? ddsinks.download() : std::vector<float>{};
 
