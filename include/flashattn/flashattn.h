@@ -140,7 +140,8 @@ void fa_forward_tile_shape(const fa_fwd_params* params, const fa_exec* exec, int
 
 /* What runs a call, as the plan decides it (the same decisions fa_forward / fa_backward then take): the kernel
    family, the tiles, split-KV splits and GQA packing (forward), and the device workspace the launch allocates.
-   Nothing runs. Returns what the call would for invalid or unsupported params (the message in fa_last_error). */
+   Nothing runs. Invalid or unsupported params get the call's error (message in fa_last_error); the checks that
+   device pointers belong to the device happen only when a call runs. */
 typedef struct fa_plan_info {
   const char* kernels; /* "cpu", "cuda-sm80", "cuda-sm90" (static storage) */
   int block_q, block_k;
