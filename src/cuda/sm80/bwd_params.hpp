@@ -7,8 +7,6 @@
 namespace flashattn::cuda::sm80 {
 
 using cuda::BwdParams;
-using cuda::BwdWorkspace;
-using cuda::bwd_workspace;
 
 // One compiled backward (dtype x head dim); defined in the generated bwd_<dtype>_hdim<d>.cu units. Launches the
 // preprocess, main (dK/dV), dQ and postprocess kernels on `stream`; the workspace pointers must be set.
