@@ -110,22 +110,22 @@ template <Family kSelected>
 detail::Error plan_info(const detail::Problem& p, const fa_exec& exec, detail::Direction dir, detail::PlanInfo* out) {
   if (detail::Error e = refuse_dropout(p); !e.ok()) return e;
   *out = detail::PlanInfo{};
+  auto common = [&](const auto& plan) {  // the fields both plans have
+    out->kernels = family_name(plan.family);
+    out->block_q = plan.block_q;
+    out->block_k = plan.block_k;
+    out->workspace_bytes = plan.workspace_bytes;
+  };
   if (dir == detail::Direction::kForward) {
     FwdPlan plan;
     if (detail::Error e = plan_forward(p, exec, kSelected, &plan); !e.ok()) return e;
-    out->kernels = family_name(plan.family);
-    out->block_q = plan.block_q;
-    out->block_k = plan.block_k;
+    common(plan);
     out->num_splits = plan.num_splits;
     out->pack_gqa = plan.pack_gqa;
-    out->workspace_bytes = plan.workspace_bytes;
   } else {
     BwdPlan plan;
     if (detail::Error e = plan_backward(p, exec, kSelected, &plan); !e.ok()) return e;
-    out->kernels = family_name(plan.family);
-    out->block_q = plan.block_q;
-    out->block_k = plan.block_k;
-    out->workspace_bytes = plan.workspace_bytes;
+    common(plan);
   }
   return detail::ok();
 }

@@ -71,11 +71,13 @@ std::string sm90_tma_unfit(const detail::Problem& p) {
   auto bad = [&](const detail::RowLayout& l, int64_t rows, int64_t heads) {
     return (rows > 1 && l.row == 0) || (heads > 1 && l.head == 0) || (batch > 1 && l.batch == 0);
   };
-  const char* tma_arg = bad(p.q_layout, rows_q, p.heads_q)     ? "q"
-                        : bad(p.k_layout, rows_k, p.heads_kv)  ? "k"
-                        : bad(p.v_layout, rows_k, p.heads_kv)  ? "v"
-                        : bad(p.out_layout, rows_q, p.heads_q) ? "out"
-                                                               : nullptr;
+  // dout: the backward's (the forward's Problem has none).
+  const char* tma_arg = bad(p.q_layout, rows_q, p.heads_q)                          ? "q"
+                        : bad(p.k_layout, rows_k, p.heads_kv)                       ? "k"
+                        : bad(p.v_layout, rows_k, p.heads_kv)                       ? "v"
+                        : bad(p.out_layout, rows_q, p.heads_q)                      ? "out"
+                        : p.dout != nullptr && bad(p.dout_layout, rows_q, p.heads_q) ? "dout"
+                                                                                    : nullptr;
   if (tma_arg != nullptr)
     return std::string(tma_arg) + ": the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides "
                                   "along every dimension of extent > 1 (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
@@ -238,14 +240,6 @@ std::string sm90_bwd_unfit(const detail::Problem& p, const fa_exec& exec, Instan
   if (needs_score_mods(p)) return "softcap: the cuda-sm90 backward has no softcap/ALiBi kernels yet";
   if (exec.deterministic) return "exec.deterministic: the cuda-sm90 backward has no deterministic mode yet";
   if (std::string unfit = sm90_tma_unfit(p); !unfit.empty()) return unfit;
-  const int64_t batch = p.varlen ? 1 : p.batch;
-  const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
-  auto bad = [&](const detail::RowLayout& l) {
-    return (rows_q > 1 && l.row == 0) || (p.heads_q > 1 && l.head == 0) || (batch > 1 && l.batch == 0);
-  };
-  if (bad(p.dout_layout))
-    return "dout: the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides along every dimension "
-           "of extent > 1";
   if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
     return "q: the cuda-sm90 backward supports at most 65535 heads and batch entries";
   return "";

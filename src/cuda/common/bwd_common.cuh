@@ -135,28 +135,21 @@ __global__ void __launch_bounds__(kAuxThreads) dkdv_reduce_kernel(const BwdParam
   const int64_t g = w % p.rows_k;
   if (g >= live_rows(p.cu_seqlens_k, p.batch, p.rows_k)) return;
   const bool varlen = p.cu_seqlens_k != nullptr;
-  if (c < p.head_dim) {
+  // Columns c, c + 1 of one gradient: its per-query-head fp32 rows (dim floats each) summed over the group.
+  auto reduce = [&](const float* acc, int dim, void* out, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    if (c >= dim) return;
     float a = 0.f, e = 0.f;
     for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-      const float* src = p.dk_acc + (int64_t(h) * p.rows_k + g) * p.head_dim + c;
+      const float* src = acc + (int64_t(h) * p.rows_k + g) * dim + c;
       a += src[0];
       e += src[1];
     }
-    auto* dst = static_cast<typename N::T*>(p.dk) + global_row_offset(varlen, g, p.seqlen_k, p.dk_batch, p.dk_row) +
-                int64_t(hk) * p.dk_head + c;
+    auto* dst = static_cast<typename N::T*>(out) + global_row_offset(varlen, g, p.seqlen_k, batch_stride, row_stride) +
+                int64_t(hk) * head_stride + c;
     *reinterpret_cast<typename N::T2*>(dst) = N::from_float2(a, e);
-  }
-  if (c < p.head_dim_v) {
-    float a = 0.f, e = 0.f;
-    for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-      const float* src = p.dv_acc + (int64_t(h) * p.rows_k + g) * p.head_dim_v + c;
-      a += src[0];
-      e += src[1];
-    }
-    auto* dst = static_cast<typename N::T*>(p.dv) + global_row_offset(varlen, g, p.seqlen_k, p.dv_batch, p.dv_row) +
-                int64_t(hk) * p.dv_head + c;
-    *reinterpret_cast<typename N::T2*>(dst) = N::from_float2(a, e);
-  }
+  };
+  reduce(p.dk_acc, p.head_dim, p.dk, p.dk_batch, p.dk_row, p.dk_head);
+  reduce(p.dv_acc, p.head_dim_v, p.dv, p.dv_batch, p.dv_row, p.dv_head);
 }
 
 inline unsigned aux_blocks(int64_t threads) { return unsigned((threads + kAuxThreads - 1) / kAuxThreads); }
