@@ -14,12 +14,35 @@ import bench  # noqa: E402
 import common  # noqa: E402
 
 
+def kernel_shares(fn, base, calls: int = 10):
+    """Each kernel's CUDA time per call of fn (the preprocess, main and postprocess kernels of one backward)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel: dict = {}
+    for e in prof.events():  # the kernels themselves, not the host ops that launched them
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / calls
+    rows = list(per_kernel.items())
+    total = sum(t for _, t in rows)
+    tag = " ".join(f"{k}={v}" for k, v in base.items())
+    for name, t in sorted(rows, key=lambda r: -r[1]):
+        print(f"  profile {tag}: {t:8.1f} us {100 * t / total:5.1f}%  {name[:90]}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", required=True)
     ap.add_argument("--hdims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print the CUDA time of each kernel of our backward (torch.profiler, 10 calls)")
     a = ap.parse_args()
     ours = common.load_ours(bench.DEV)
     print("# " + common.describe_ours(ours), flush=True)
@@ -55,6 +78,8 @@ def main():
                         return note + ("" if fin else " NONFINITE")
 
                     b.measure("bwd", "ours", mine, flops, base, agree)
+                    if a.profile:
+                        kernel_shares(mine, base)
                     del q, k, v, peer, mine
                     torch.cuda.empty_cache()
 

@@ -45,4 +45,13 @@ if [[ ${DEV_BWD_SANITIZE:-1} == 1 ]]; then
 fi
 PYROOT=$W/pyroot; rm -rf "$PYROOT"; mkdir -p "$PYROOT"; cp -r "$REPO/python/flashattn" "$PYROOT/"
 find "$W/build" -name "*.cpython-*.so" -o -name "*.abi3.so" | while read -r so; do cp "$so" "$PYROOT/flashattn/"; done
-PYTHONPATH=$PYROOT timeout ${DEV_BWD_BENCH_S:-150} "$PY" "$REPO/bench/gpu/dev/bwd_vs_cudnn.py" --csv "$OUT/bwd_dev.csv" ${DEV_BWD_BENCH_ARGS:-} 2>&1 | tail -40
+if [[ -n ${DEV_BWD_NCU:-} ]]; then  # e.g. DEV_BWD_NCU="d128c4096 d64n4096": one ncu report of the main kernel per shape
+  n=$(wc -w <<<"$DEV_BWD_NCU")
+  PYTHONPATH=$PYROOT timeout 240 ncu --clock-control none --set full -k regex:bwd_kernel -c "$n" -f -o "$OUT/bwd_ncu" \
+    "$PY" "$REPO/bench/gpu/dev/bwd_once.py" $DEV_BWD_NCU >"$OUT/ncu.log" 2>&1
+  echo "ncu rc $?"; tail -3 "$OUT/ncu.log"
+  ncu -i "$OUT/bwd_ncu.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>&1
+  ncu -i "$OUT/bwd_ncu.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_source.csv" 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued|No Eligible" "$OUT/ncu_details.txt" | head -20
+fi
+PYTHONPATH=$PYROOT timeout ${DEV_BWD_BENCH_S:-150} "$PY" "$REPO/bench/gpu/dev/bwd_vs_cudnn.py" --csv "$OUT/bwd_dev.csv" ${DEV_BWD_BENCH_ARGS:-} >"$OUT/bwd_dev.log" 2>&1; tail -60 "$OUT/bwd_dev.log"

@@ -3,6 +3,8 @@
 // the dQ postprocess that turns the fp32 workspace into dQ.
 #pragma once
 
+#include <cstdint>
+
 #include "cuda/sm90/bwd_traits.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -60,13 +62,59 @@ struct BwdEpilogue {
   }
 };
 
+// The dQ writer: one warp of the producer warpgroup that adds each step's dQ staging tiles (one per consumer
+// warpgroup, written in bwd_mainloop.cuh) into the fp32 workspace by bulk reduce-adds. Per step and warpgroup it
+// waits for kDqFull, issues, and after the step's group it tells both warpgroups (kDqEmpty) that the staging
+// tiles of the step kDqStages - 1 back have been read: the tiles their next step writes. Arrivals and waits
+// alternate on each barrier (a warpgroup's next kDqFull comes only after its kDqEmpty), so none overruns.
+template <class Traits>
+struct BwdDqWriter {
+  static constexpr int kBlockM = Traits::kBlockM, kConsumerWGs = Traits::kConsumerWGs;
+  static constexpr int kSyncThreads = Traits::kWgThreads + cutlass::NumThreadsPerWarp;
+
+  template <class Block>
+  __device__ static void run(const BwdParams& p, typename Traits::SharedStorage& ss, const Block& blk) {
+    const bool leader = cute::elect_one_sync();
+    float* dq_base = p.dq_acc + (int64_t(blk.head) * p.dq_blocks +
+                                 (blk.seq.q_row0 + int64_t(blk.batch) * kBlockM) / kBlockM) * p.dq_tile;
+    for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
+      CUTE_UNROLL
+      for (int wg = 0; wg < kConsumerWGs; ++wg) {
+        cutlass::arch::NamedBarrier::sync(kSyncThreads, BwdBarrier::kDqFull + wg);
+        if (leader)
+          bulk_reduce_add_f32(dq_base + int64_t(m) * p.dq_tile + wg * Traits::kDqWgFloats,
+                              ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats,
+                              Traits::kDqWgFloats * int(sizeof(float)));
+      }
+      if (leader) {
+        tma_store_arrive();
+        tma_store_wait<Traits::kDqStages - 1>();
+      }
+      __syncwarp();
+      if (m + 1 < blk.m_hi) {
+        CUTE_UNROLL
+        for (int wg = 0; wg < kConsumerWGs; ++wg) cutlass::arch::NamedBarrier::arrive(kSyncThreads, BwdBarrier::kDqEmpty + wg);
+      }
+    }
+    if (leader) tma_store_wait<0>();  // shared memory stays valid until the last reduce has read it
+    __syncwarp();
+  }
+};
+
 // dQ postprocess: one CTA (the consumers' 256 threads, each reading back the elements its dQ MMA slice held in
-// the main kernel, in the staging order of bwd_mainloop.cuh) per (query block, head, batch): times the softmax
-// scale, converted, stored.
+// the main kernel, in the staging order of bwd_mainloop.cuh: coalesced 16-byte loads) per (query block, head,
+// batch): times the softmax scale, converted, then through a padded shared tile so that dQ leaves in 16-byte row
+// chunks. (Stored straight from the MMA layout, each 4-byte store of a warp spans 8 rows: half of every 32-byte
+// sector it touches; this kernel then ran at about half the copy bandwidth.)
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim, kWgThreads = Traits::kWgThreads;
+  constexpr int kThreads = Traits::kConsumerThreads;
+  constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16-byte chunk
+  // Row pitch padded by one chunk: the MMA layout's 8 rows x 4 column pairs of a warp then hit 32 distinct banks.
+  constexpr int kPitch = kHeadDim + kChunk;
+  __shared__ __align__(16) Element tile[kBlockM * kPitch];
   const int m_block = int(blockIdx.x), head = int(blockIdx.y), batch = int(blockIdx.z), ctid = int(threadIdx.x);
   const BwdSeq seq(p, batch);
   const int m0 = m_block * kBlockM;
@@ -78,6 +126,7 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(co
   const float* src = p.dq_acc +
                      (int64_t(head) * p.dq_blocks + (seq.q_row0 + int64_t(batch) * kBlockM) / kBlockM + m_block) * p.dq_tile +
                      ctid / kWgThreads * Traits::kDqWgFloats;
+  static_assert(decltype(size(acc))::value % 4 == 0);
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 4) {
     const float4 v = *reinterpret_cast<const float4*>(src + (i / 4 * kWgThreads + ctid % kWgThreads) * 4);
@@ -86,10 +135,37 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(co
     acc(i + 2) = v.z * p.scale;
     acc(i + 3) = v.w * p.scale;
   }
+  // Accumulator elements 2i, 2i + 1 are adjacent columns of one row.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    cutlass::Array<float, 2> pair;
+    pair[0] = acc(i);
+    pair[1] = acc(i + 1);
+    *reinterpret_cast<cutlass::Array<Element, 2>*>(&tile[get<0>(cQ(i)) * kPitch + get<1>(cQ(i))]) =
+        cutlass::NumericArrayConverter<Element, float, 2>{}(pair);
+  }
+  __syncthreads();
   const bool varlen = p.cu_seqlens_q != nullptr;
   Element* dq = static_cast<Element*>(p.dq) + (varlen ? int64_t(seq.q_start) * p.dq_row : int64_t(batch) * p.dq_batch) +
-                int64_t(head) * p.dq_head;
-  BwdEpilogue<Traits>::store_pairs(acc, cQ, dq, p.dq_row, m0, seq.len_q - m0, p.head_dim);
+                int64_t(head) * p.dq_head + int64_t(m0) * p.dq_row;
+  const int rows = min(kBlockM, seq.len_q - m0), cols = p.head_dim;
+  // 16-byte chunks where every row start is 16-byte aligned (dQ is the caller's tensor: any stride); else elements.
+  const bool chunks = cols % kChunk == 0 && p.dq_row % kChunk == 0 && p.dq_head % kChunk == 0 &&
+                      (varlen || p.dq_batch % kChunk == 0) && reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
+  if (chunks) {
+    constexpr int kChunksPerRow = kHeadDim / kChunk;
+    for (int i = ctid; i < rows * kChunksPerRow; i += kThreads) {
+      const int r = i / kChunksPerRow, c = i % kChunksPerRow * kChunk;
+      if (c < cols)
+        *reinterpret_cast<cute::uint128_t*>(dq + int64_t(r) * p.dq_row + c) =
+            *reinterpret_cast<const cute::uint128_t*>(&tile[r * kPitch + c]);
+    }
+  } else {
+    for (int i = ctid; i < rows * kHeadDim; i += kThreads) {
+      const int r = i / kHeadDim, c = i % kHeadDim;
+      if (c < cols) dq[int64_t(r) * p.dq_row + c] = tile[r * kPitch + c];
+    }
+  }
 }
 
 }  // namespace flashattn::cuda::sm90

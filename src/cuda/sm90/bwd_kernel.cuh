@@ -1,7 +1,8 @@
 // The sm90 backward kernel (FlashAttention-3 design), assembled from collectives with one job each:
 //   bwd_load.cuh      the producer warp: TMA loads of K/V once and of Q + LSE, dO + D per query block
-//   bwd_mainloop.cuh  both consumer warpgroups: S^T, dP^T, P, dS, dV, dK in registers, dQ by bulk reduce-add
-//   bwd_epilogue.cuh  dK/dV to global memory; the dQ postprocess kernel
+//   bwd_mainloop.cuh  both consumer warpgroups: S^T, dP^T, P, dS, dV, dK in registers, dQ to staging tiles
+//   bwd_epilogue.cuh  the dQ writer warp (bulk reduce-adds of the consumers' dQ tiles); dK/dV to global memory;
+//                     the dQ postprocess kernel
 // around the preprocess and GQA reduction kernels both families share (common/bwd_common.cuh). One CTA per
 // (key block, query head, batch); masks (causal both alignments, window), GQA, varlen and seqused_k use the
 // policies shared with the forward. Softcap, ALiBi and deterministic mode run the sm80 backward (plan.cpp).
@@ -42,7 +43,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const BwdBlock<Traits, Mask> blk(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z));
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (cutlass::canonical_warp_idx_sync() == 0) BwdLoad<Traits, Mask>{kp, ss, pipe_q, pipe_do}.load(blk);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    if (warp == 0) BwdLoad<Traits, Mask>{kp, ss, pipe_q, pipe_do}.load(blk);
+    if (warp == 1) BwdDqWriter<Traits>::run(p, ss, blk);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

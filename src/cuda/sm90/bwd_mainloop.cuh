@@ -1,7 +1,7 @@
 // The mainloop collective of the sm90 backward, run by both consumer warpgroups of a CTA over the query blocks
 // that see its key block (bwd_traits.cuh lists the GEMMs). Per step: S^T and dP^T issued together; P from S^T
 // while dP^T is in flight; dS = P (dP - D); dV and dK accumulated from registers; dS to shared memory for dQ,
-// whose tile leaves by a bulk reduce-add into the fp32 workspace while the next step runs.
+// whose tile the dQ writer warp adds into the fp32 workspace (bwd_epilogue.cuh) while the next step runs.
 #pragma once
 
 #include "cuda/sm90/bwd_load.cuh"
@@ -16,6 +16,7 @@ struct BwdMainloop {
   using Block = BwdBlock<Traits, Mask>;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kWgThreads = Traits::kWgThreads, kConsumerThreads = Traits::kConsumerThreads;
+  static constexpr int kDqSyncThreads = kWgThreads + cutlass::NumThreadsPerWarp;  // a warpgroup and the dQ writer
 
   using AccKV = decltype(partition_fragment_C(typename Traits::TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   __device__ static AccKV make_acc_kv() {
@@ -79,15 +80,16 @@ struct BwdMainloop {
     Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
     Tensor cS_rc = make_tensor(cS.data(), rows_cols(cS.layout()));  // (keys, queries) of this thread
     constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
+    constexpr bool kStatsInRegs = kCols <= 16;
 
     const bool varlen = p.cu_seqlens_q != nullptr;
     const int n0 = blk.n0, len_q = blk.seq.len_q;
-    float* dq_base = p.dq_acc + (int64_t(blk.head) * p.dq_blocks +
-                                 (blk.seq.q_row0 + int64_t(blk.batch) * kBlockM) / kBlockM) * p.dq_tile;
 
     // The LSE (log2 units; 0 for a row that saw no key, whose scores are all masked) and D of query block m: one
     // value per consumer thread below 2 * block_q, loaded a step ahead from global memory (L2) and stored in the
-    // step's buffer; rows past the sequence read 0 (masked columns).
+    // step's buffer; rows past the sequence read 0 (masked columns). The load's value is used only by the store,
+    // at the step's end: converted at the load, its consumer stalled on L2 latency before the step's first GEMM
+    // (ncu source counters, bench/results/2026-12-01_h200_session9/README.md).
     const float* lse_g = p.lse + (varlen ? int64_t(blk.seq.q_start) * p.lse_row : int64_t(blk.batch) * p.lse_batch) +
                          int64_t(blk.head) * p.lse_head;
     const float* dsum_g = p.dsum + int64_t(blk.head) * p.dsum_stride + blk.seq.q_row0;
@@ -95,17 +97,11 @@ struct BwdMainloop {
     auto load_stat = [&](int m) {
       const int q = m * kBlockM + ctid % kBlockM;
       float v = 0.f;
-      if (stat_thread && q < len_q) {
-        if (lse_thread) {
-          const float lse = lse_g[int64_t(q) * p.lse_row];
-          v = lse == -INFINITY ? 0.f : lse * kLog2e;
-        } else {
-          v = dsum_g[q];
-        }
-      }
+      if (stat_thread && q < len_q) v = lse_thread ? lse_g[int64_t(q) * p.lse_row] : dsum_g[q];
       return v;
     };
     auto store_stat = [&](float v, int buf) {
+      if (lse_thread) v = v == -INFINITY ? 0.f : v * kLog2e;
       if (stat_thread) (lse_thread ? ss.lse.data() : ss.dsum.data())[buf * kBlockM + ctid % kBlockM] = v;
     };
     store_stat(load_stat(blk.m_lo), 0);
@@ -136,6 +132,16 @@ struct BwdMainloop {
         tails_visible();
       }
 
+      // The LSE of this thread's columns, read before the GEMMs where registers allow (block_q 64: 16 columns):
+      // read after S^T's wait, each shared load queued behind the GEMMs' operand reads and the exponentials
+      // stalled on them (ncu source counters, bench/results/2026-12-01_h200_session9/README.md).
+      const float* lse = ss.lse.data() + buf * kBlockM;
+      const float* dsum = ss.dsum.data() + buf * kBlockM;
+      float lse_cols[kStatsInRegs ? kCols : 1];
+      if constexpr (kStatsInRegs) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) lse_cols[c] = lse[get<1>(cS_rc(0, c))];
+      }
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       pipe_q.consumer_wait(q_read);
@@ -145,12 +151,15 @@ struct BwdMainloop {
 
       Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
       Tensor dp = make_tensor(tdPrdP.data(), rows_cols(tdPrdP.layout()));
-      const float* lse = ss.lse.data() + buf * kBlockM;
-      const float* dsum = ss.dsum.data() + buf * kBlockM;
       warpgroup_wait<1>();  // S^T is ready; dP^T may still run
+      float dsum_cols[kStatsInRegs ? kCols : 1];  // D of the columns, read while dP^T runs (as the LSE)
+      if constexpr (kStatsInRegs) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) dsum_cols[c] = dsum[get<1>(cS_rc(0, c))];
+      }
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        const float lse_c = lse[get<1>(cS_rc(0, c))];
+        const float lse_c = kStatsInRegs ? lse_cols[c] : lse[get<1>(cS_rc(0, c))];
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_c);
       }
@@ -179,7 +188,7 @@ struct BwdMainloop {
       Tensor p_rounded = make_tensor(rP.data(), rows_cols(rP.layout()));
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        const float d_c = dsum[get<1>(cS_rc(0, c))];
+        const float d_c = kStatsInRegs ? dsum_cols[c] : dsum[get<1>(cS_rc(0, c))];
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const float prob = Traits::kDsFromRoundedP ? float(p_rounded(r, c)) : s(r, c);
@@ -205,24 +214,18 @@ struct BwdMainloop {
       pipe_do.consumer_release(do_read);
       ++do_read;
 
-      // dQ: the bulk reduce that last read this staging tile is done before it is overwritten.
+      // dQ to this step's staging tile for the writer warp's bulk reduce-add (bwd_epilogue.cuh: BwdDqWriter); from
+      // the second step on, the tile is free once the writer says so.
       float* sdq = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
-      if (tid == 0) tma_store_wait<Traits::kDqStages - 1>();
-      cutlass::arch::NamedBarrier::sync(kWgThreads, BwdBarrier::kDqStaging + wg);
+      if (step > 0) cutlass::arch::NamedBarrier::sync(kDqSyncThreads, BwdBarrier::kDqEmpty + wg);
       static_assert(decltype(size(acc_dq))::value % 4 == 0);
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); i += 4)
         *reinterpret_cast<float4*>(sdq + (i / 4 * kWgThreads + tid) * 4) =
             make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
       cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kWgThreads, BwdBarrier::kDqStaging + wg);
-      if (tid == 0) {
-        bulk_reduce_add_f32(dq_base + int64_t(m) * p.dq_tile + wg * Traits::kDqWgFloats, sdq,
-                            Traits::kDqWgFloats * int(sizeof(float)));
-        tma_store_arrive();
-      }
+      cutlass::arch::NamedBarrier::arrive(kDqSyncThreads, BwdBarrier::kDqFull + wg);
     }
-    if (tid == 0) tma_store_wait<0>();  // shared memory stays valid until the last reduce has read it
   }
 };
 

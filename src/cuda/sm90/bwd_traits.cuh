@@ -13,7 +13,8 @@
 //                                          each warpgroup computes 64 x dq_cols of it (block_q 128: its 64 rows;
 //                                          block_q 64: its half of the head dim)
 // dQ is added into the fp32 workspace by one bulk reduce-add per warpgroup and step (cp.reduce.async.bulk), from
-// a shared-memory staging tile in the accumulator's register order (conflict-free 16-byte stores).
+// a shared-memory staging tile in the accumulator's register order (conflict-free 16-byte stores), issued by a
+// warp of the producer warpgroup so that the consumers neither wait for it nor synchronise to issue it.
 #pragma once
 
 #include <type_traits>
@@ -146,9 +147,10 @@ struct BwdKernelParams {
 
 // Named barriers (ids above CUTLASS's reserved ones).
 enum BwdBarrier : int {
-  kdSReady = 0,    // both consumer warpgroups: this step's dS is in shared memory
-  kDqStaging = 1,  // one per consumer warpgroup (1, 2): its dQ staging tile is free / written
-  kTails = 3,      // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
+  kdSReady = 0,  // both consumer warpgroups: this step's dS is in shared memory
+  kDqEmpty = 1,  // one per consumer warpgroup (1, 2) with the dQ writer warp: the next staging tile may be written
+  kDqFull = 3,   // one per consumer warpgroup (3, 4) with the dQ writer warp: this step's staging tile is written
+  kTails = 5,    // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
   kBwdBarrierCount
 };
 static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16, "named barrier ids");
