@@ -80,6 +80,8 @@ struct BwdMainloop {
     Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
     Tensor cS_rc = make_tensor(cS.data(), rows_cols(cS.layout()));  // (keys, queries) of this thread
     constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
+    // At block_q 128 (32 columns per thread) the LSE stays in shared memory: 32, or even 16, more registers live
+    // beside S^T, dP^T and dK/dV cost more than the stall they save (bench/results/2026-12-01_h200_session9/).
     constexpr bool kStatsInRegs = kCols <= 16;
 
     const bool varlen = p.cu_seqlens_q != nullptr;
