@@ -290,7 +290,12 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   ex.num_threads = o.threads;
 
   r.backend = fa_backend_name(&fp, &ex);
-  fa_forward_tile_shape(&fp, &ex, &r.block_q, &r.block_k);
+  r.fwd_plan_ok = fa_forward_plan(&fp, &ex, &r.fwd_plan) == FA_OK;
+  if (o.backward) r.bwd_plan_ok = fa_backward_plan(&bp, &ex, &r.bwd_plan) == FA_OK;
+  if (r.fwd_plan_ok) {
+    r.block_q = r.fwd_plan.block_q;
+    r.block_k = r.fwd_plan.block_k;
+  }
   bool ok = true;
   std::string err;
   auto fwd = [&] {

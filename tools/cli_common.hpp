@@ -39,6 +39,10 @@ struct RunResult {
   bool check_passed = true;
   int checked_rows = 0;                          // 0: nothing to compare (an empty problem)
   int block_q = 0, block_k = 0;
+  // The plan the library reports for the call (fa_forward_plan / fa_backward_plan): what the kernels that ran
+  // were, their tiles, splits, GQA packing and workspace. ok = false when the library refused the call.
+  fa_plan_info fwd_plan{}, bwd_plan{};
+  bool fwd_plan_ok = false, bwd_plan_ok = false;
 };
 
 // FLOPs by the standard convention: 4*B*H*Sq*Sk*D forward (D = mean of qk and v dims), halved when

@@ -182,6 +182,13 @@ void write_file(const char* flag, const std::string& path, const std::string& te
   if (!f) die(std::string(flag) + ": cannot write '" + path + "'" + (errno ? std::string(": ") + std::strerror(errno) : ""));
 }
 
+// One line of the library's plan for the call (fa_plan_info): the kernels, their tiles and what else they decided.
+void print_plan(const char* label, const fa_plan_info& p, bool forward) {
+  std::printf("%s%s, %dx%d tiles", label, p.kernels ? p.kernels : "?", p.block_q, p.block_k);
+  if (forward) std::printf(", %d key split%s, GQA packing %s", p.num_splits, p.num_splits == 1 ? "" : "s", p.pack_gqa ? "on" : "off");
+  std::printf(", workspace %s\n", p.workspace_bytes > 0 ? human_bytes(double(p.workspace_bytes)).c_str() : "none");
+}
+
 int cmd_run(Args a) {
   const Shape& s = a.shape;
   std::printf("flashattn run: %s%s\n", s.describe().c_str(), a.opt.backward ? " (fwd+bwd)" : " (fwd)");
@@ -193,6 +200,8 @@ int cmd_run(Args a) {
   }
   std::printf("forward      : %9.3f ms  %8.3f TFLOP/s\n", r.fwd_ms, r.fwd_tflops);
   if (a.opt.backward) std::printf("backward     : %9.3f ms  %8.3f TFLOP/s\n", r.bwd_ms, r.bwd_tflops);
+  if (r.fwd_plan_ok) print_plan("plan (fwd)   : ", r.fwd_plan, true);
+  if (r.bwd_plan_ok) print_plan("plan (bwd)   : ", r.bwd_plan, false);
   IoPicture io = io_picture(s, r.block_q, r.block_k);
   std::printf("IO (forward) : standard QK^T/softmax/PV kernels move %s (S and P through memory);\n",
               human_bytes(io.standard_bytes).c_str());
