@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .interface import _bwd_impl, _fwd_impl, _kernel_layout, _pad_head_dim
+from .interface import AttnOptions, _bwd_impl, _fwd_impl, _kernel_layout, _pad_head_dim
 
 __all__ = ["ring_flash_attn_func", "zigzag_shard", "zigzag_unshard", "merge_partials"]
 
@@ -124,15 +124,15 @@ def _wait(pending):
 
 def _block_fwd(q, k, v, causal, scale, softcap):
     q, k, v = (_kernel_layout(t) for t in (q, k, v))
-    return _fwd_impl(q, k, v, None, None, None, 0, 0, scale, causal, False, -1, -1, softcap, None, 0.0, False, None,
-                     0)
+    return _fwd_impl(q, k, v, *AttnOptions(softmax_scale=scale, causal=causal, softcap=softcap))
 
 
 def _block_bwd(dout, q, k, v, out, lse, causal, scale, softcap, deterministic):
     dout, q, k, v, out = (_kernel_layout(t) for t in (dout, q, k, v, out))
     lse = lse.contiguous()
-    dq, dk, dv, _ = _bwd_impl(dout, q, k, v, out, lse, None, None, None, 0, 0, scale, causal, False, -1, -1, softcap,
-                              None, 0.0, deterministic, None)
+    dq, dk, dv, _ = _bwd_impl(dout, q, k, v, out, lse,
+                              *AttnOptions(softmax_scale=scale, causal=causal, softcap=softcap,
+                                           deterministic=deterministic))
     return dq, dk, dv
 
 

@@ -13,7 +13,9 @@ CUDA tensors run on ``torch.cuda.current_stream()``; CPU tensors run the CPU bac
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+import inspect
+import typing
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -68,110 +70,124 @@ def _call(fn, q: Tensor, *args, **kwargs):
         _maybe_exchange_device(previous)
 
 
-def _attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
-                 window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed):
-    return dict(cu_seqlens_q=_dl(cu_seqlens_q), cu_seqlens_k=_dl(cu_seqlens_k), seqused_k=_dl(seqused_k),
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
-                causal_alignment=ALIGN_TOP_LEFT if top_left else ALIGN_BOTTOM_RIGHT, window_left=window_left,
-                window_right=window_right, softcap=softcap, alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p,
-                sinks=_dl(sinks), dropout_seed=dropout_seed)
+class AttnOptions(NamedTuple):
+    """What the ops ``flashattn::fwd`` / ``flashattn::bwd`` take after their tensors, in their order: the one list
+    of them. The ops' schemas, their fake implementations, the autograd context and the gradient tuple are all
+    made from it, so an option is added here once."""
+
+    cu_seqlens_q: Optional[Tensor] = None
+    cu_seqlens_k: Optional[Tensor] = None
+    seqused_k: Optional[Tensor] = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    softmax_scale: Optional[float] = None
+    causal: bool = False
+    top_left: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    alibi_slopes: Optional[Tensor] = None
+    dropout_p: float = 0.0
+    deterministic: bool = False
+    sinks: Optional[Tensor] = None
+    dropout_seed: int = 0
 
 
-def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks,
-              dropout_seed=0):
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
-    lse = q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
-    _call(_C.forward, q, _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse),
-          **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed))
+_OPTION_TYPES = typing.get_type_hints(AttnOptions)
+_TENSOR_OPTIONS = tuple(n for n in AttnOptions._fields if _OPTION_TYPES[n] == Optional[Tensor])
+
+
+def _attn_kwargs(o: AttnOptions) -> dict:
+    """The C ABI keywords of the options both directions share (the backward adds deterministic and dsinks)."""
+    return dict(cu_seqlens_q=_dl(o.cu_seqlens_q), cu_seqlens_k=_dl(o.cu_seqlens_k), seqused_k=_dl(o.seqused_k),
+                max_seqlen_q=o.max_seqlen_q, max_seqlen_k=o.max_seqlen_k, softmax_scale=o.softmax_scale,
+                causal=o.causal, causal_alignment=ALIGN_TOP_LEFT if o.top_left else ALIGN_BOTTOM_RIGHT,
+                window_left=o.window_left, window_right=o.window_right, softcap=o.softcap,
+                alibi_slopes=_dl(o.alibi_slopes), dropout_p=o.dropout_p, sinks=_dl(o.sinks),
+                dropout_seed=o.dropout_seed)
+
+
+def _fwd_shapes(q: Tensor, v: Tensor, o: AttnOptions):
+    varlen = o.cu_seqlens_q is not None or o.cu_seqlens_k is not None
+    return q.shape[:-1] + v.shape[-1:], _lse_shape(q, varlen)
+
+
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, *options) -> Tuple[Tensor, Tensor]:
+    o = AttnOptions(*options)
+    out_shape, lse_shape = _fwd_shapes(q, v, o)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    _call(_C.forward, q, _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), **_attn_kwargs(o))
     return out, lse
 
 
-def _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-              deterministic, sinks, dropout_seed=0):
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+def _bwd_empty(q: Tensor, k: Tensor, v: Tensor, o: AttnOptions):
     # Without sinks an empty tensor stands for the absent gradient (a custom op returns tensors only).
-    dsinks = torch.empty((0,) if sinks is None else sinks.shape, dtype=torch.float32, device=q.device)
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device),
+            torch.empty((0,) if o.sinks is None else o.sinks.shape, dtype=torch.float32, device=q.device))
+
+
+def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              *options) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    o = AttnOptions(*options)
+    dq, dk, dv, dsinks = _bwd_empty(q, k, v, o)
     _call(_C.backward, q, _dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
-          deterministic=deterministic, dsinks=None if sinks is None else _dl(dsinks),
-          **_attn_kwargs(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                         top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed))
+          deterministic=o.deterministic, dsinks=None if o.sinks is None else _dl(dsinks), **_attn_kwargs(o))
     return dq, dk, dv, dsinks
 
 
-@torch.library.custom_op("flashattn::fwd", mutates_args=())
-def _fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-         seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
-         causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
-         alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool,
-         sinks: Optional[Tensor], dropout_seed: int) -> Tuple[Tensor, Tensor]:
-    return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic,
-                     sinks, dropout_seed)
+def _custom_op(name: str, tensors: Tuple[str, ...], returns, impl):
+    """torch.library.custom_op of impl(*tensors, *options) under the schema (tensors..., AttnOptions' fields)."""
+
+    def op(*args):
+        return impl(*args)
+
+    param = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    op.__signature__ = inspect.Signature(
+        [inspect.Parameter(t, param, annotation=Tensor) for t in tensors] +
+        [inspect.Parameter(n, param, annotation=_OPTION_TYPES[n]) for n in AttnOptions._fields],
+        return_annotation=returns)
+    op.__name__ = name.split("::")[-1]
+    return torch.library.custom_op(name, mutates_args=())(op)
+
+
+_fwd = _custom_op("flashattn::fwd", ("q", "k", "v"), Tuple[Tensor, Tensor], _fwd_impl)
+_bwd = _custom_op("flashattn::bwd", ("dout", "q", "k", "v", "out", "lse"), Tuple[Tensor, Tensor, Tensor, Tensor],
+                  _bwd_impl)
 
 
 @_fwd.register_fake
-def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              top_left, window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks,
-              dropout_seed=0):
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    return q.new_empty(q.shape[:-1] + v.shape[-1:]), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
-
-
-@torch.library.custom_op("flashattn::bwd", mutates_args=())
-def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
-         cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-         softmax_scale: Optional[float], causal: bool, top_left: bool, window_left: int, window_right: int,
-         softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool,
-         sinks: Optional[Tensor], dropout_seed: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                     deterministic, sinks, dropout_seed)
+def _fwd_fake(q, k, v, *options):
+    out_shape, lse_shape = _fwd_shapes(q, v, AttnOptions(*options))
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @_bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, dropout_p,
-              deterministic, sinks, dropout_seed=0):
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
-            torch.empty(v.shape, dtype=v.dtype, device=v.device),
-            torch.empty((0,) if sinks is None else sinks.shape, dtype=torch.float32, device=q.device))
-
-
-# The forward op's argument count: backward returns one gradient (or None) for each.
-_N_FWD_INPUTS = 19
+def _bwd_fake(dout, q, k, v, out, lse, *options):
+    return _bwd_empty(q, k, v, AttnOptions(*options))
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left,
-     window_left, window_right, softcap, alibi_slopes, dropout_p, deterministic, sinks, dropout_seed) = inputs
+    q, k, v = inputs[:3]
+    o = AttnOptions(*inputs[3:])
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks)
-    ctx.attrs = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap)
-    ctx.dropout_p = dropout_p
-    ctx.dropout_seed = dropout_seed
-    ctx.deterministic = deterministic
+    ctx.save_for_backward(q, k, v, out, lse, *(getattr(o, n) for n in _TENSOR_OPTIONS))
+    ctx.options = o._replace(**{n: None for n in _TENSOR_OPTIONS})  # the tensors go through save_for_backward
 
 
 def _gradients(bwd, ctx, grad_out):
     # lse is returned for inspection (return_attn_probs) and is not differentiable, as in flash_attn:
     # its gradient is ignored.
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks = ctx.saved_tensors
-    (max_seqlen_q, max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap) = ctx.attrs
+    q, k, v, out, lse, *tensors = ctx.saved_tensors
+    o = ctx.options._replace(**dict(zip(_TENSOR_OPTIONS, tensors)))
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     elif grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()  # e.g. the expanded gradient of a sum
-    dq, dk, dv, dsinks = bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                             max_seqlen_k, softmax_scale, causal, top_left, window_left, window_right, softcap,
-                             alibi_slopes, ctx.dropout_p, ctx.deterministic, sinks, ctx.dropout_seed)
-    # One gradient per forward input: q, k, v, then None up to sinks (index 17), then the seed's None.
-    return (dq, dk, dv) + (None,) * (_N_FWD_INPUTS - 5) + (None if sinks is None else dsinks, None)
+    dq, dk, dv, dsinks = bwd(grad_out, q, k, v, out, lse, *o)
+    # One gradient per forward input: q, k, v, then one per option (only the sinks have one).
+    return (dq, dk, dv) + tuple(dsinks if n == "sinks" and o.sinks is not None else None for n in AttnOptions._fields)
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -243,10 +259,14 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
     if softmax_scale is None and head_dim % 8 != 0:
         softmax_scale = head_dim ** -0.5  # the scale of the real head dim, not of the padded one
     q, k, v = (_kernel_layout(_pad_head_dim(t)) for t in (q, k, v))
-    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
-              int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale), bool(causal), top_left,
-              left, right, float(softcap), alibi_slopes, float(dropout_p), bool(deterministic),
-              None if learnable_sink is None else learnable_sink.float().contiguous(), _dropout_seed(dropout_p))
+    options = AttnOptions(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                          max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+                          softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
+                          top_left=top_left, window_left=left, window_right=right, softcap=float(softcap),
+                          alibi_slopes=alibi_slopes, dropout_p=float(dropout_p), deterministic=bool(deterministic),
+                          sinks=None if learnable_sink is None else learnable_sink.float().contiguous(),
+                          dropout_seed=_dropout_seed(dropout_p))
+    inputs = (q, k, v, *options)
     if torch.compiler.is_compiling():
         out, lse = _fwd(*inputs)
     elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or

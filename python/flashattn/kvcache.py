@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from .interface import _call, _pad_head_dim
+from .interface import AttnOptions, _call, _pad_head_dim
 from .ops import _export as _dl
 from .ops import window_pair
 
@@ -263,8 +263,10 @@ def flash_attn_with_kvcache(
     if torch.compiler.is_compiling():
         # Traced: the attention is the custom op flashattn::fwd (seqused_k = the keys in use; num_splits is the
         # plan's), the rotary and the cache append the torch operations above.
-        out, lse = torch.ops.flashattn.fwd(q_in, k_in, v_in, None, None, used, 0, 0, scale, False, False, left, right,
-                                           float(softcap), alibi_slopes, 0.0, False, None, 0)
+        out, lse = torch.ops.flashattn.fwd(q_in, k_in, v_in, *AttnOptions(seqused_k=used, softmax_scale=scale,
+                                                                          window_left=left, window_right=right,
+                                                                          softcap=float(softcap),
+                                                                          alibi_slopes=alibi_slopes))
     else:
         out = q_in.new_empty(q_in.shape[:-1] + v_in.shape[-1:])
         lse = q_in.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)

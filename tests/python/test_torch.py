@@ -29,6 +29,7 @@ from flashattn import (  # noqa: E402
     flash_attn_varlen_qkvpacked_func,
     ops,
 )
+from flashattn.interface import AttnOptions  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available() and ops.cuda_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of flashattn")
@@ -39,11 +40,9 @@ def _cuda_backward_built():
     if not HAS_CUDA:
         return False
     x = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
-    out, lse = torch.ops.flashattn.fwd(x, x, x, None, None, None, 0, 0, None, False, False, -1, -1, 0.0, None,
-                                       0.0, False, None, 0)
+    out, lse = torch.ops.flashattn.fwd(x, x, x, *AttnOptions())
     try:
-        torch.ops.flashattn.bwd(out, x, x, x, out, lse, None, None, None, 0, 0, None, False, False, -1, -1, 0.0,
-                                None, 0.0, False, None, 0)
+        torch.ops.flashattn.bwd(out, x, x, x, out, lse, *AttnOptions())
     except NotImplementedError as e:
         return "backward is not implemented" not in str(e)
     return True
@@ -332,7 +331,7 @@ def test_head_dim_not_multiple_of_8(device, dtype):
 def opcheck_args(device, dtype, requires_grad):
     q, k, v = (make((2, 9, 2, 16), dtype, device, s, requires_grad) for s in (16, 17, 18))
     sinks = make((2,), torch.float32, device, 19, requires_grad)
-    return (q, k, v, None, None, None, 0, 0, None, True, False, -1, -1, 0.0, None, 0.0, False, sinks, 0)
+    return (q, k, v, *AttnOptions(causal=True, sinks=sinks))
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
