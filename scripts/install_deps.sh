@@ -20,8 +20,9 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER
 PY=python3
 # Python package build + tests (CPU path needs numpy and pytest only).
 $PY -m pip install -q "nanobind==2.9.2" "scikit-build-core==0.11.6" numpy pytest
-# The Python lint CI runs (configuration: [tool.ruff] in pyproject.toml).
-$PY -m pip install -q "ruff==0.17.6"
+# The lints CI runs: ruff for Python ([tool.ruff] in pyproject.toml), clang-format for C++/CUDA (.clang-format;
+# PyPI's wheel of it, pinned: its output changes between major versions).
+$PY -m pip install -q "ruff==0.17.6" "clang-format==23.1.5"
 # torch, for the flash_attn-compatible API's tests (tests/python/test_torch.py), which then run in CI on CPU
 # tensors. PyPI has no CPU-only torch wheel for Linux: its wheel pulls the CUDA libraries as packages, about
 # 5 GB on disk and about a minute to install here (an already satisfied pin costs a second or two). It works

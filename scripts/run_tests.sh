@@ -27,6 +27,17 @@ else
   echo "ruff not installed: lint skipped (pip install ruff==0.17.6)"
 fi
 
+# The C++/CUDA product sources (src/, include/, tools/, python/src/) against .clang-format: same rule. (The tests
+# keep their hand-aligned case tables and are not checked.)
+cxx_sources() { find src include tools python/src -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort; }
+if command -v clang-format >/dev/null 2>&1 && [ "$(clang-format --version | grep -oE '[0-9]+' | head -1)" = 23 ]; then
+  cxx_sources | xargs clang-format --dry-run --Werror
+elif [ -n "${CI:-}" ]; then
+  echo "clang-format 23 is not installed (scripts/install_deps.sh installs it)" >&2; exit 1
+else
+  echo "clang-format 23 not installed: C++ format check skipped (pip install clang-format==23.1.5)"
+fi
+
 kernels="${FLASHATTN_KERNELS:-default}"
 if [ -n "${CI:-}" ]; then kernels=ci; fi
 cmake -S . -B build -G Ninja -DFLASHATTN_KERNELS="$kernels" >/dev/null

@@ -72,11 +72,12 @@ IoPicture io_picture(const Shape& s, int block_q, int block_k) {
       int64_t i1 = std::min<int64_t>(s.seqlen_q, i0 + block_q) - 1;
       int64_t lo = left >= 0 ? std::max<int64_t>(0, i0 + off - left) : 0;
       int64_t hi = right >= 0 ? std::min<int64_t>(s.seqlen_k, i1 + off + right + 1) : s.seqlen_k;
-      if (hi > lo) kv_blocks += double(std::min<int64_t>(s.seqlen_k, (hi + block_k - 1) / block_k * block_k) - lo / block_k * block_k);
+      if (hi > lo)
+        kv_blocks +=
+            double(std::min<int64_t>(s.seqlen_k, (hi + block_k - 1) / block_k * block_k) - lo / block_k * block_k);
     }
   }
-  io.fused_bytes = e * (bh * double(s.seqlen_q) * dims + bh * kv_blocks * dims) +
-                   4.0 * bh * double(s.seqlen_q);
+  io.fused_bytes = e * (bh * double(s.seqlen_q) * dims + bh * kv_blocks * dims) + 4.0 * bh * double(s.seqlen_q);
   return io;
 }
 
@@ -221,8 +222,7 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   const bool cuda = o.backend == FA_BACKEND_CUDA_SM80 || o.backend == FA_BACKEND_CUDA_SM90 ||
                     (o.backend == FA_BACKEND_AUTO && fa_cuda_available());
   const fa_device dev = cuda ? FA_DEVICE_CUDA : FA_DEVICE_CPU;
-  const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, H = s.heads, Hk = s.hkv(), D = s.head_dim,
-                Dv = s.dv();
+  const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, H = s.heads, Hk = s.hkv(), D = s.head_dim, Dv = s.dv();
   const size_t e = dtype_size(s.dtype);
   size_t nq = 0, nk = 0, nv = 0, no = 0, nl = 0, bytes = 0;
   // Element counts and byte sizes must not wrap (a wrapped size would allocate a small buffer for a big problem).
@@ -323,7 +323,8 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   if (!o.check) return r;
 
   // Check sampled rows against the float64 reference, on host copies.
-  std::vector<uint8_t> ho = out.download(), hl = lse.download(), hdq = o.backward ? dq.download() : std::vector<uint8_t>();
+  std::vector<uint8_t> ho = out.download(), hl = lse.download(),
+                       hdq = o.backward ? dq.download() : std::vector<uint8_t>();
   FwdParams hp = make_fwd_params();
   hp.attn = fp.attn;
   hp.attn.q.data = hq.data();

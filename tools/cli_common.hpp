@@ -34,10 +34,10 @@ struct RunResult {
   std::string error;
   double fwd_ms = 0, bwd_ms = 0;  // medians
   double fwd_tflops = 0, bwd_tflops = 0;
-  double max_err = 0, mean_err = 0, tol = 0;     // forward check (sampled rows)
-  double dq_max_err = 0, dq_tol = 0;             // backward check (sampled dq rows)
+  double max_err = 0, mean_err = 0, tol = 0;  // forward check (sampled rows)
+  double dq_max_err = 0, dq_tol = 0;          // backward check (sampled dq rows)
   bool check_passed = true;
-  int checked_rows = 0;                          // 0: nothing to compare (an empty problem)
+  int checked_rows = 0;  // 0: nothing to compare (an empty problem)
   int block_q = 0, block_k = 0;
   // The plan the library reports for the call (fa_forward_plan / fa_backward_plan): what the kernels that ran
   // were, their tiles, splits, GQA packing and workspace. ok = false when the library refused the call.

@@ -67,7 +67,8 @@ int64_t to_size(const std::string& flag, const char* v, int64_t lo = 0) { return
 uint64_t to_u64(const std::string& flag, const char* v) {
   char* end = nullptr;
   errno = 0;
-  if (*v == '-' || *v == '+' || *v == ' ') die(flag + ": expected a non-negative integer, got '" + std::string(v) + "'");
+  if (*v == '-' || *v == '+' || *v == ' ')
+    die(flag + ": expected a non-negative integer, got '" + std::string(v) + "'");
   unsigned long long x = std::strtoull(v, &end, 10);
   if (end == v || *end != '\0') die(flag + ": expected a non-negative integer, got '" + std::string(v) + "'");
   if (errno == ERANGE) die(flag + ": " + v + " is out of range [0, 2^64 - 1]");
@@ -120,36 +121,59 @@ Args parse(int argc, char** argv, int first) {
       if (i + 1 >= argc) die(f + ": missing value");
       return argv[++i];
     };
-    if (f == "--batch") a.shape.batch = to_size(f, val());
-    else if (f == "--seqlen") a.shape.seqlen_q = a.shape.seqlen_k = to_size(f, val());
-    else if (f == "--seqlen-q") a.shape.seqlen_q = to_size(f, val()), a.seqlen_q_set = true;
-    else if (f == "--seqlen-k") a.shape.seqlen_k = to_size(f, val()), a.seqlen_k_set = true;
-    else if (f == "--heads") a.shape.heads = to_size(f, val(), 1);
-    else if (f == "--heads-kv") a.shape.heads_kv = to_size(f, val());
-    else if (f == "--hdim") a.shape.head_dim = to_size(f, val());
-    else if (f == "--hdim-v") a.shape.head_dim_v = to_size(f, val());
-    else if (f == "--dtype") a.shape.dtype = parse_dtype(val());
-    else if (f == "--causal") a.shape.causal = true;
-    else if (f == "--top-left") a.shape.top_left = true;
+    if (f == "--batch")
+      a.shape.batch = to_size(f, val());
+    else if (f == "--seqlen")
+      a.shape.seqlen_q = a.shape.seqlen_k = to_size(f, val());
+    else if (f == "--seqlen-q")
+      a.shape.seqlen_q = to_size(f, val()), a.seqlen_q_set = true;
+    else if (f == "--seqlen-k")
+      a.shape.seqlen_k = to_size(f, val()), a.seqlen_k_set = true;
+    else if (f == "--heads")
+      a.shape.heads = to_size(f, val(), 1);
+    else if (f == "--heads-kv")
+      a.shape.heads_kv = to_size(f, val());
+    else if (f == "--hdim")
+      a.shape.head_dim = to_size(f, val());
+    else if (f == "--hdim-v")
+      a.shape.head_dim_v = to_size(f, val());
+    else if (f == "--dtype")
+      a.shape.dtype = parse_dtype(val());
+    else if (f == "--causal")
+      a.shape.causal = true;
+    else if (f == "--top-left")
+      a.shape.top_left = true;
     else if (f == "--window") {
       auto parts = split(val());
       if (parts.size() != 2) die("--window: expected L,R (e.g. 256,0; -1 = unbounded)");
       a.shape.window_left = to_int(f, parts[0].c_str(), -1, INT64_MAX);
       a.shape.window_right = to_int(f, parts[1].c_str(), -1, INT64_MAX);
-    } else if (f == "--softcap") a.shape.softcap = to_float(f, val());
-    else if (f == "--alibi") a.shape.alibi = true;
-    else if (f == "--bwd") a.opt.backward = true;
-    else if (f == "--check") a.opt.check = true;
-    else if (f == "--threads") a.opt.threads = int(to_int(f, val(), 0, INT_MAX));
-    else if (f == "--iters") a.opt.iters = int(to_int(f, val(), 0, INT_MAX));
-    else if (f == "--seed") a.opt.seed = to_u64(f, val());
+    } else if (f == "--softcap")
+      a.shape.softcap = to_float(f, val());
+    else if (f == "--alibi")
+      a.shape.alibi = true;
+    else if (f == "--bwd")
+      a.opt.backward = true;
+    else if (f == "--check")
+      a.opt.check = true;
+    else if (f == "--threads")
+      a.opt.threads = int(to_int(f, val(), 0, INT_MAX));
+    else if (f == "--iters")
+      a.opt.iters = int(to_int(f, val(), 0, INT_MAX));
+    else if (f == "--seed")
+      a.opt.seed = to_u64(f, val());
     else if (f == "--backend") {
       std::string b = val();
-      if (b == "auto") a.opt.backend = FA_BACKEND_AUTO;
-      else if (b == "cpu") a.opt.backend = FA_BACKEND_CPU;
-      else if (b == "cuda-sm80" || b == "cuda") a.opt.backend = FA_BACKEND_CUDA_SM80;
-      else if (b == "cuda-sm90") a.opt.backend = FA_BACKEND_CUDA_SM90;
-      else die("--backend: expected auto, cpu, cuda-sm80 or cuda-sm90");
+      if (b == "auto")
+        a.opt.backend = FA_BACKEND_AUTO;
+      else if (b == "cpu")
+        a.opt.backend = FA_BACKEND_CPU;
+      else if (b == "cuda-sm80" || b == "cuda")
+        a.opt.backend = FA_BACKEND_CUDA_SM80;
+      else if (b == "cuda-sm90")
+        a.opt.backend = FA_BACKEND_CUDA_SM90;
+      else
+        die("--backend: expected auto, cpu, cuda-sm80 or cuda-sm90");
     } else if (f == "--seqlens") {
       a.seqlens.clear();
       for (auto& x : split(val())) a.seqlens.push_back(to_size(f, x.c_str()));
@@ -164,11 +188,16 @@ Args parse(int argc, char** argv, int first) {
       if (a.masks.empty()) die("--masks: expected none and/or causal");
       for (auto& m : a.masks)
         if (m != "none" && m != "causal") die("--masks: expected none and/or causal");
-    } else if (f == "--tokens") a.tokens = to_size(f, val());
-    else if (f == "--csv") a.csv = val();
-    else if (f == "--md") a.md = val();
-    else if (f == "--machine") a.machine = val();
-    else die("unknown option '" + f + "' (see flashattn help)");
+    } else if (f == "--tokens")
+      a.tokens = to_size(f, val());
+    else if (f == "--csv")
+      a.csv = val();
+    else if (f == "--md")
+      a.md = val();
+    else if (f == "--machine")
+      a.machine = val();
+    else
+      die("unknown option '" + f + "' (see flashattn help)");
   }
   return a;
 }
@@ -179,13 +208,16 @@ void write_file(const char* flag, const std::string& path, const std::string& te
   std::ofstream f(path);
   if (f) f << text;
   if (f) f.close();
-  if (!f) die(std::string(flag) + ": cannot write '" + path + "'" + (errno ? std::string(": ") + std::strerror(errno) : ""));
+  if (!f)
+    die(std::string(flag) + ": cannot write '" + path + "'" + (errno ? std::string(": ") + std::strerror(errno) : ""));
 }
 
 // One line of the library's plan for the call (fa_plan_info): the kernels, their tiles and what else they decided.
 void print_plan(const char* label, const fa_plan_info& p, bool forward) {
   std::printf("%s%s, %dx%d tiles", label, p.kernels ? p.kernels : "?", p.block_q, p.block_k);
-  if (forward) std::printf(", %d key split%s, GQA packing %s", p.num_splits, p.num_splits == 1 ? "" : "s", p.pack_gqa ? "on" : "off");
+  if (forward)
+    std::printf(", %d key split%s, GQA packing %s", p.num_splits, p.num_splits == 1 ? "" : "s",
+                p.pack_gqa ? "on" : "off");
   std::printf(", workspace %s\n", p.workspace_bytes > 0 ? human_bytes(double(p.workspace_bytes)).c_str() : "none");
 }
 
@@ -282,8 +314,8 @@ int cmd_bench(Args a) {
   }
   std::ostringstream head;
   head << "# flashattn benchmark (" << backend << ")\n\n"
-       << "Machine: " << (a.machine.empty() ? "unnamed" : a.machine) << "; threads: "
-       << (a.opt.threads > 0 ? a.opt.threads : int(std::thread::hardware_concurrency()))
+       << "Machine: " << (a.machine.empty() ? "unnamed" : a.machine)
+       << "; threads: " << (a.opt.threads > 0 ? a.opt.threads : int(std::thread::hardware_concurrency()))
        << ". FLOPs: fwd 4*B*H*S*S*D (/2 causal), bwd 2.5x; fwd+bwd = 3.5x fwd FLOPs over fwd+bwd time; "
        << "median of timed repeats.\n\n";
   const std::string table = head.str() + md.str();
@@ -300,8 +332,9 @@ int cmd_bench(Args a) {
 int run_main(int argc, char** argv) {
   if (argc < 2) {
     // No arguments: a small causal fwd+bwd with a check, seconds on any machine.
-    std::printf("(no command given: running `flashattn run --seqlen 1024 --heads 8 --hdim 64 --causal --bwd "
-                "--check`; see `flashattn help`)\n");
+    std::printf(
+        "(no command given: running `flashattn run --seqlen 1024 --heads 8 --hdim 64 --causal --bwd "
+        "--check`; see `flashattn help`)\n");
     Args a;
     a.shape.causal = true;
     a.opt.backward = true;

@@ -88,24 +88,24 @@ typedef struct fa_attention {
   float softmax_scale;
   int causal;
   fa_causal_alignment causal_alignment;
-  int64_t window_left, window_right; /* -1 = unbounded */
-  float softcap;                     /* 0 = off */
-  fa_tensor alibi_slopes;            /* optional float32 (Hq) or (B, Hq) */
-  float dropout_p;                   /* probability of dropping each attention probability, [0, 1); see below */
-  fa_tensor sinks;                   /* optional float32 (Hq): learnable sink logits (see Semantics) */
+  int64_t window_left, window_right;     /* -1 = unbounded */
+  float softcap;                         /* 0 = off */
+  fa_tensor alibi_slopes;                /* optional float32 (Hq) or (B, Hq) */
+  float dropout_p;                       /* probability of dropping each attention probability, [0, 1); see below */
+  fa_tensor sinks;                       /* optional float32 (Hq): learnable sink logits (see Semantics) */
   uint64_t dropout_seed, dropout_offset; /* dropout: the mask is a function of (seed, offset, b, h, i, j) */
 } fa_attention;
 
 /* How to run it. */
 typedef struct fa_exec {
   fa_backend backend;
-  int num_threads;    /* CPU worker threads; 0 = all hardware threads */
-  void* stream;       /* cudaStream_t for CUDA tensors; NULL = default stream */
-  int deterministic;  /* backward: bit-identical results run to run */
-  int num_splits;     /* forward, CUDA: key/value splits per (batch, head) for short query sequences (split-KV:
-                         partial results merged by a second kernel). 0 = the plan picks (splits only when the grid
-                         would not fill the GPU), 1 = none, n > 1 = at most n (capped at 128 and at the key
-                         blocks). A hint: backends without split-KV (CPU, cuda-sm80) compute the same answer unsplit */
+  int num_threads;   /* CPU worker threads; 0 = all hardware threads */
+  void* stream;      /* cudaStream_t for CUDA tensors; NULL = default stream */
+  int deterministic; /* backward: bit-identical results run to run */
+  int num_splits;    /* forward, CUDA: key/value splits per (batch, head) for short query sequences (split-KV:
+                        partial results merged by a second kernel). 0 = the plan picks (splits only when the grid
+                        would not fill the GPU), 1 = none, n > 1 = at most n (capped at 128 and at the key
+                        blocks). A hint: backends without split-KV (CPU, cuda-sm80) compute the same answer unsplit */
 } fa_exec;
 
 typedef struct fa_fwd_params {
@@ -145,8 +145,8 @@ void fa_forward_tile_shape(const fa_fwd_params* params, const fa_exec* exec, int
 typedef struct fa_plan_info {
   const char* kernels; /* "cpu", "cuda-sm80", "cuda-sm90" (static storage) */
   int block_q, block_k;
-  int num_splits;      /* forward: key-range splits per tile (1: none) */
-  int pack_gqa;        /* forward: the query heads of a KV group share a tile */
+  int num_splits; /* forward: key-range splits per tile (1: none) */
+  int pack_gqa;   /* forward: the query heads of a KV group share a tile */
   int64_t workspace_bytes;
 } fa_plan_info;
 fa_status fa_forward_plan(const fa_fwd_params* params, const fa_exec* exec, fa_plan_info* info);

@@ -108,8 +108,8 @@ fa_tensor view(const char* name, const std::optional<Array>& a) {
 
 fa_causal_alignment to_alignment(int alignment) {
   if (alignment != FA_ALIGN_BOTTOM_RIGHT && alignment != FA_ALIGN_TOP_LEFT)
-    raise(PyExc_ValueError, "causal_alignment: must be 0 (bottom-right) or 1 (top-left) (got " +
-                                std::to_string(alignment) + ")");
+    raise(PyExc_ValueError,
+          "causal_alignment: must be 0 (bottom-right) or 1 (top-left) (got " + std::to_string(alignment) + ")");
   return fa_causal_alignment(alignment);
 }
 
@@ -160,9 +160,9 @@ void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut
              uint64_t dropout_seed, uint64_t dropout_offset, int num_splits, int backend, int num_threads,
              uintptr_t stream) {
   fa_fwd_params p{};
-  p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks,
-                     dropout_seed, dropout_offset);
+  p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed,
+                     dropout_offset);
   p.out = view("out", out);
   p.lse = view("lse", lse);
   const fa_exec e = execution(backend, num_threads, stream, false, num_splits);
@@ -177,15 +177,15 @@ void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut
 
 void backward(const In& dout, const In& q, const In& k, const In& v, const In& out, const In& lse, const Out& dq,
               const Out& dk, const Out& dv, const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k,
-              const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-              std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
-              int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks,
-              const OptOut& dsinks, uint64_t dropout_seed, uint64_t dropout_offset, bool deterministic, int backend,
-              int num_threads, uintptr_t stream) {
+              const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, std::optional<double> softmax_scale,
+              bool causal, int causal_alignment, int64_t window_left, int64_t window_right, double softcap,
+              const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks, const OptOut& dsinks,
+              uint64_t dropout_seed, uint64_t dropout_offset, bool deterministic, int backend, int num_threads,
+              uintptr_t stream) {
   fa_bwd_params p{};
-  p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks,
-                     dropout_seed, dropout_offset);
+  p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed,
+                     dropout_offset);
   p.dsinks = view("dsinks", dsinks);
   p.out = view("out", out);
   p.lse = view("lse", lse);
@@ -228,21 +228,21 @@ NB_MODULE(_C, m) {
   m.attr("built_with_cuda") = false;
 #endif
 
-  m.def("cuda_available", []() { return fa_cuda_available() != 0; },
-        "True when this build has CUDA backends and a CUDA device is present.");
+  m.def(
+      "cuda_available", []() { return fa_cuda_available() != 0; },
+      "True when this build has CUDA backends and a CUDA device is present.");
   m.def("backend_name", &backend_name, nb::arg("q"), nb::arg("backend") = int(FA_BACKEND_AUTO),
         "Name of the backend a call with q (its device) and this backend code would run.");
 
-  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none() = nb::none(),
-        nb::kw_only(), nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
-        nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
-        nb::arg("softmax_scale").none() = nb::none(), nb::arg("causal") = false,
-        nb::arg("causal_alignment") = int(FA_ALIGN_BOTTOM_RIGHT), nb::arg("window_left") = -1,
-        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),
-        nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(), nb::arg("dropout_seed") = 0,
-        nb::arg("dropout_offset") = 0, nb::arg("num_splits") = 0,
-        nb::arg("backend") = int(FA_BACKEND_AUTO),
-        nb::arg("num_threads") = 0, nb::arg("stream") = 0,
+  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse").none() = nb::none(), nb::kw_only(), nb::arg("cu_seqlens_q").none() = nb::none(),
+        nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("seqused_k").none() = nb::none(),
+        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0, nb::arg("softmax_scale").none() = nb::none(),
+        nb::arg("causal") = false, nb::arg("causal_alignment") = int(FA_ALIGN_BOTTOM_RIGHT),
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
+        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(),
+        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("num_splits") = 0,
+        nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "fa_forward: writes out (and lse when given). Layouts, semantics and errors as in flashattn.h.\n"
         "stream is a cudaStream_t as an integer (0 = default stream), ignored for CPU arrays.");
 
@@ -254,8 +254,7 @@ NB_MODULE(_C, m) {
         nb::arg("causal_alignment") = int(FA_ALIGN_BOTTOM_RIGHT), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),
         nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
-        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
-        nb::arg("deterministic") = false, nb::arg("backend") = int(FA_BACKEND_AUTO),
-        nb::arg("num_threads") = 0, nb::arg("stream") = 0,
+        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("deterministic") = false,
+        nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "fa_backward: writes dq, dk, dv from the forward's out and lse.");
 }

@@ -55,7 +55,8 @@ Error pick_backend(const fa_tensor& q, const fa_exec& exec, const Backend** out)
     return ok();
   }
   if (q.device != FA_DEVICE_CUDA) return invalid("q", "unknown device code " + std::to_string(int(q.device)));
-  if (exec.backend == FA_BACKEND_CPU) return invalid("exec.backend", "the CPU backend needs CPU tensors (q is on CUDA)");
+  if (exec.backend == FA_BACKEND_CPU)
+    return invalid("exec.backend", "the CPU backend needs CPU tensors (q is on CUDA)");
 #ifdef FLASHATTN_WITH_CUDA
   return select_cuda_backend(exec.backend, q.device_index, out);
 #else
@@ -153,8 +154,8 @@ fa_status fa_backward(const fa_bwd_params* params, const fa_exec* exec) {
     const fa_exec x = exec ? *exec : fa_exec_default();
     const Backend* backend = nullptr;
     Problem problem;
-    if (Error e = prepare(params->attn, params->out, params->lse, &params->dout, &params->dq, &params->dk,
-                          &params->dv, Direction::kBackward, x, &backend, &problem, &params->dsinks);
+    if (Error e = prepare(params->attn, params->out, params->lse, &params->dout, &params->dq, &params->dk, &params->dv,
+                          Direction::kBackward, x, &backend, &problem, &params->dsinks);
         !e.ok())
       return record(e);
     if (backend->backward == nullptr)
@@ -184,8 +185,8 @@ fa_status plan_of(const fa_fwd_params* fwd, const fa_bwd_params* bwd, const fa_e
       return record(unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet"));
     PlanInfo plan;
     if (Error e = backend->plan(problem, x, dir, &plan); !e.ok()) return record(e);
-    *info = fa_plan_info{plan.kernels, plan.block_q, plan.block_k, plan.num_splits, plan.pack_gqa ? 1 : 0,
-                         plan.workspace_bytes};
+    *info = fa_plan_info{plan.kernels,    plan.block_q,          plan.block_k,
+                         plan.num_splits, plan.pack_gqa ? 1 : 0, plan.workspace_bytes};
     return FA_OK;
   });
 }

@@ -118,8 +118,8 @@ enum class Direction { kForward, kBackward };
 // The one validation. `req` carries what the chosen backend accepts; for CUDA tensors the caller passes
 // host copies of cu_seqlens/seqused_k (the validation needs their values).
 Error validate(const fa_attention& attn, const fa_tensor& out, const fa_tensor& lse, const fa_tensor* dout,
-               const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir,
-               const Requirements& req, const int32_t* host_cu_q, const int32_t* host_cu_k,
-               const int32_t* host_used_k, Problem* problem, const fa_tensor* dsinks = nullptr);
+               const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir, const Requirements& req,
+               const int32_t* host_cu_q, const int32_t* host_cu_k, const int32_t* host_used_k, Problem* problem,
+               const fa_tensor* dsinks = nullptr);
 
 }  // namespace flashattn::detail

@@ -69,8 +69,8 @@ int64_t numel(const fa_tensor& t) {
 
 // Structural checks common to every tensor argument: present, rank, dtype known, device, strides, and a
 // size that int64 arithmetic can address (every offset a backend computes is then free of overflow).
-Error check_tensor(const char* name, const fa_tensor& t, int ndim, const fa_tensor& ref_device,
-                   bool unit_last, const Requirements& req) {
+Error check_tensor(const char* name, const fa_tensor& t, int ndim, const fa_tensor& ref_device, bool unit_last,
+                   const Requirements& req) {
   if (t.ndim != ndim)
     return invalid(name, "must have " + std::to_string(ndim) + " dimensions (got " + std::to_string(t.ndim) + ")");
   if (!known_dtype(t.dtype)) return invalid(name, "unknown dtype code " + std::to_string(int(t.dtype)));
@@ -110,10 +110,12 @@ Error check_tensor(const char* name, const fa_tensor& t, int ndim, const fa_tens
     return invalid(name, "shape " + shape_str(t) + " with strides " + strides_str(t) +
                              " spans more memory than int64 byte offsets can address");
   if (unit_last && t.shape[ndim - 1] > 1 && t.stride[ndim - 1] != 1)
-    return invalid(name, "last dimension must have unit stride (got stride " + std::to_string(t.stride[ndim - 1]) + ")");
+    return invalid(name,
+                   "last dimension must have unit stride (got stride " + std::to_string(t.stride[ndim - 1]) + ")");
   int64_t align = req.pointer_alignment_bytes > 0 ? req.pointer_alignment_bytes : elem_size(t.dtype);
   if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(align) != 0)
-    return invalid(name, "data pointer must be aligned to " + std::to_string(align) + " bytes for the " + req.name + " backend");
+    return invalid(
+        name, "data pointer must be aligned to " + std::to_string(align) + " bytes for the " + req.name + " backend");
   if (unit_last && req.stride_multiple > 1) {
     for (int i = 0; i < ndim - 1; ++i)
       if (t.shape[i] > 1 && t.stride[i] % req.stride_multiple != 0)
@@ -195,7 +197,8 @@ Error check_shape(const char* name, const fa_tensor& t, std::initializer_list<in
 
 Error check_dtype(const char* name, const fa_tensor& t, fa_dtype want, const char* rule) {
   if (t.dtype != want)
-    return invalid(name, std::string("dtype must be ") + dtype_str(want) + " " + rule + " (got " + dtype_str(t.dtype) + ")");
+    return invalid(name,
+                   std::string("dtype must be ") + dtype_str(want) + " " + rule + " (got " + dtype_str(t.dtype) + ")");
   return ok();
 }
 
@@ -214,9 +217,9 @@ RowLayout layout_of(const fa_tensor& t, bool varlen, bool by_key) {
 }
 
 // cu_seqlens: int32 (B+1), starts at 0, non-decreasing, ends at the row count of the tensor it indexes.
-Error check_cu_seqlens(const char* name, const fa_tensor& t, const fa_tensor& q, const int32_t* host,
-                       int64_t total, const char* total_name, int64_t max_seqlen, const char* max_name,
-                       const Requirements& req, std::vector<int32_t>* copy) {
+Error check_cu_seqlens(const char* name, const fa_tensor& t, const fa_tensor& q, const int32_t* host, int64_t total,
+                       const char* total_name, int64_t max_seqlen, const char* max_name, const Requirements& req,
+                       std::vector<int32_t>* copy) {
   const Requirements plain{0, 1, true, req.name};
   if (Error e = check_tensor(name, t, 1, q, true, plain); !e.ok()) return e;
   if (Error e = check_dtype(name, t, FA_INT32, "(prefix sums of sequence lengths)"); !e.ok()) return e;
@@ -244,9 +247,9 @@ Error check_cu_seqlens(const char* name, const fa_tensor& t, const fa_tensor& q,
 }  // namespace
 
 Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse, const fa_tensor* dout,
-               const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir,
-               const Requirements& req, const int32_t* host_cu_q, const int32_t* host_cu_k,
-               const int32_t* host_used_k, Problem* p, const fa_tensor* dsinks) {
+               const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv, Direction dir, const Requirements& req,
+               const int32_t* host_cu_q, const int32_t* host_cu_k, const int32_t* host_used_k, Problem* p,
+               const fa_tensor* dsinks) {
   *p = Problem{};
   const bool has_cu_q = a.cu_seqlens_q.data != nullptr, has_cu_k = a.cu_seqlens_k.data != nullptr;
   if (has_cu_q != has_cu_k)
@@ -259,7 +262,8 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   if (a.q.dtype != FA_FLOAT32 && a.q.dtype != FA_FLOAT16 && a.q.dtype != FA_BFLOAT16)
     return invalid("q", std::string("dtype must be float32, float16 or bfloat16 (got ") + dtype_str(a.q.dtype) + ")");
   if (a.q.dtype == FA_FLOAT32 && !req.allows_float32)
-    return unsupported(std::string("q: dtype float32 is not supported by the ") + req.name + " backend (use float16 or bfloat16)");
+    return unsupported(std::string("q: dtype float32 is not supported by the ") + req.name +
+                       " backend (use float16 or bfloat16)");
   if (Error e = check_tensor("k", a.k, nd, a.q, true, req); !e.ok()) return e;
   if (Error e = check_tensor("v", a.v, nd, a.q, true, req); !e.ok()) return e;
   if (Error e = check_dtype("k", a.k, a.q.dtype, "(same as q)"); !e.ok()) return e;
@@ -287,7 +291,8 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     return invalid("k", "heads of q (" + std::to_string(p->heads_q) + ") must be a multiple of heads of k/v (" +
                             std::to_string(p->heads_kv) + ") for GQA/MQA");
   if (a.v.shape[hd] != p->heads_kv)
-    return invalid("v", "must have as many heads as k (" + std::to_string(p->heads_kv) + ", got " + std::to_string(a.v.shape[hd]) + ")");
+    return invalid("v", "must have as many heads as k (" + std::to_string(p->heads_kv) + ", got " +
+                            std::to_string(a.v.shape[hd]) + ")");
   if (a.v.shape[0] != a.k.shape[0] || (!varlen && a.v.shape[1] != a.k.shape[1]))
     return invalid("v", "shape " + shape_str(a.v) + " must match k's " + shape_str(a.k) + " except head_dim");
 
@@ -320,7 +325,8 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     p->seqlen_q = a.q.shape[1];
     p->seqlen_k = a.k.shape[1];
     if (a.k.shape[0] != p->batch)
-      return invalid("k", "batch must equal q's (" + std::to_string(p->batch) + ", got " + std::to_string(a.k.shape[0]) + ")");
+      return invalid(
+          "k", "batch must equal q's (" + std::to_string(p->batch) + ", got " + std::to_string(a.k.shape[0]) + ")");
     p->total_q = p->batch * p->seqlen_q;  // no overflow: bounded by q's element count
     p->total_k = p->batch * p->seqlen_k;
   }
@@ -369,8 +375,10 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   p->dropout = DropoutRule(a.dropout_p, a.dropout_seed, a.dropout_offset);
   if (a.causal_alignment != FA_ALIGN_BOTTOM_RIGHT && a.causal_alignment != FA_ALIGN_TOP_LEFT)
     return invalid("causal_alignment", "must be FA_ALIGN_BOTTOM_RIGHT or FA_ALIGN_TOP_LEFT");
-  if (a.window_left < -1) return invalid("window_left", "must be >= -1, -1 = unbounded (got " + std::to_string(a.window_left) + ")");
-  if (a.window_right < -1) return invalid("window_right", "must be >= -1, -1 = unbounded (got " + std::to_string(a.window_right) + ")");
+  if (a.window_left < -1)
+    return invalid("window_left", "must be >= -1, -1 = unbounded (got " + std::to_string(a.window_left) + ")");
+  if (a.window_right < -1)
+    return invalid("window_right", "must be >= -1, -1 = unbounded (got " + std::to_string(a.window_right) + ")");
   if (a.causal && a.window_right > 0)
     return invalid("window_right", "must be 0 or -1 when causal (causal means window_right = 0; got " +
                                        std::to_string(a.window_right) + ")");
@@ -385,8 +393,8 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   if (varlen) {
     longest = 0;
     for (size_t b = 0; b + 1 < p->host_cu_q.size(); ++b)
-      longest = std::max<int64_t>({longest, int64_t(p->host_cu_q[b + 1]) - p->host_cu_q[b],
-                                   int64_t(p->host_cu_k[b + 1]) - p->host_cu_k[b]});
+      longest = std::max<int64_t>(
+          {longest, int64_t(p->host_cu_q[b + 1]) - p->host_cu_q[b], int64_t(p->host_cu_k[b + 1]) - p->host_cu_k[b]});
   }
   if (p->window_left >= longest) p->window_left = -1;
   if (p->window_right >= longest) p->window_right = -1;
@@ -419,13 +427,15 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   auto check_q_shaped = [&](const char* name, const fa_tensor& t, int64_t dim) -> Error {
     if (Error e = check_tensor(name, t, nd, a.q, true, req); !e.ok()) return e;
     if (Error e = check_dtype(name, t, p->dtype, "(same as q)"); !e.ok()) return e;
-    return varlen ? check_shape(name, t, {rows_q, p->heads_q, dim}) : check_shape(name, t, {p->batch, rows_q, p->heads_q, dim});
+    return varlen ? check_shape(name, t, {rows_q, p->heads_q, dim})
+                  : check_shape(name, t, {p->batch, rows_q, p->heads_q, dim});
   };
   auto check_k_shaped = [&](const char* name, const fa_tensor& t, const fa_tensor& like) -> Error {
     if (Error e = check_tensor(name, t, nd, a.q, true, req); !e.ok()) return e;
     if (Error e = check_dtype(name, t, p->dtype, "(same as q)"); !e.ok()) return e;
     for (int i = 0; i < nd; ++i)
-      if (t.shape[i] != like.shape[i]) return invalid(name, "shape must equal " + shape_str(like) + " (got " + shape_str(t) + ")");
+      if (t.shape[i] != like.shape[i])
+        return invalid(name, "shape must equal " + shape_str(like) + " (got " + shape_str(t) + ")");
     return ok();
   };
   if (Error e = check_q_shaped("out", out, p->head_dim_v); !e.ok()) return e;
@@ -483,8 +493,10 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   // with an input, with another output or with itself would give wrong results, so it is refused.
   std::vector<std::pair<const char*, const fa_tensor*>> outputs, inputs = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
   for (auto [name, t] : {std::pair<const char*, const fa_tensor*>{"cu_seqlens_q", &a.cu_seqlens_q},
-                         {"cu_seqlens_k", &a.cu_seqlens_k}, {"seqused_k", &a.seqused_k},
-                         {"alibi_slopes", &a.alibi_slopes}, {"sinks", &a.sinks}})
+                         {"cu_seqlens_k", &a.cu_seqlens_k},
+                         {"seqused_k", &a.seqused_k},
+                         {"alibi_slopes", &a.alibi_slopes},
+                         {"sinks", &a.sinks}})
     if (t->data != nullptr) inputs.push_back({name, t});
   if (dir == Direction::kForward) {
     outputs.push_back({"out", &out});

@@ -7,10 +7,10 @@
 
 namespace flashattn::cpu {
 
-#define FA_DECLARE_ISA(ns)                                              \
-  namespace ns {                                                        \
-  detail::Error forward(const detail::Problem& p, int threads);        \
-  detail::Error backward(const detail::Problem& p, int threads);       \
+#define FA_DECLARE_ISA(ns)                                       \
+  namespace ns {                                                 \
+  detail::Error forward(const detail::Problem& p, int threads);  \
+  detail::Error backward(const detail::Problem& p, int threads); \
   }
 FA_DECLARE_ISA(baseline)
 #ifdef FA_CPU_HAVE_AVX2
@@ -99,7 +99,7 @@ void reset_peak_scratch_bytes() { g_peak.store(g_current.load()); }
 namespace flashattn::detail {
 
 const Backend& cpu_backend() {
-  static const Backend b{"cpu", Requirements{0, 1, true, "cpu"}, cpu::forward, cpu::backward, cpu::tile_shape,
+  static const Backend b{"cpu",    Requirements{0, 1, true, "cpu"}, cpu::forward, cpu::backward, cpu::tile_shape,
                          cpu::plan};
   return b;
 }

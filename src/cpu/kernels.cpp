@@ -37,8 +37,12 @@ struct Dims {
 
 Dims dims_of(const Problem& p) {
   CpuTiles t = cpu_tiles(p.head_dim);
-  return {int(p.head_dim), int(p.head_dim_v), round_up(int(p.head_dim), kVecFloats),
-          round_up(int(p.head_dim_v), kVecFloats), t.block_q, t.block_k};
+  return {int(p.head_dim),
+          int(p.head_dim_v),
+          round_up(int(p.head_dim), kVecFloats),
+          round_up(int(p.head_dim_v), kVecFloats),
+          t.block_q,
+          t.block_k};
 }
 
 // Copies `rows` rows (of `valid` present ones) x `dim` columns into a zero-padded [rows][ld] fp32 tile.
@@ -80,9 +84,9 @@ void load_tile_t(const Problem& p, const void* base, const RowLayout& l, int64_t
 // softcap derivative needs in `capped` (nullptr when not wanted).
 struct RowTransform {
   float scale, softcap, slope;
-  int64_t diag;   // i + mask offset: the ALiBi distance origin
-  int64_t lo, hi; // visible keys of this row
-  bool full;      // every key of the tile visible: the mask loop can be skipped
+  int64_t diag;    // i + mask offset: the ALiBi distance origin
+  int64_t lo, hi;  // visible keys of this row
+  bool full;       // every key of the tile visible: the mask loop can be skipped
 };
 
 inline void logits_row(const RowTransform& t, int64_t j0, int n, float* s) {
@@ -130,10 +134,10 @@ int thread_count(int requested) {
 // vector form (its fields are the rule's, from detail::mask_rule); the tiles' key ranges come from the rule itself.
 struct TileMask {
   float scale, softcap, slope;
-  bool mask;         // some (key, query) pair of the tile is outside the window
-  float off;         // mask offset: query i's diagonal key is i + off
-  float left, right; // window sides, or a huge value when unbounded
-  float len_k;       // keys at or past this are padding
+  bool mask;          // some (key, query) pair of the tile is outside the window
+  float off;          // mask offset: query i's diagonal key is i + off
+  float left, right;  // window sides, or a huge value when unbounded
+  float len_k;        // keys at or past this are padding
 };
 
 inline void logits_tile_t(const TileMask& t, int64_t i0, int64_t j0, int bq, int bk, float* st) {
@@ -261,7 +265,8 @@ Error forward_impl(const Problem& p, int threads) {
         float lse = lr > 0.f ? mr + std::log(lr) : (lr == 0.f ? kNegInf : lr);
         if (sink != kNegInf) {
           // The sink joins the denominator: lse' = log(e^lse + e^sink), out scaled by e^(lse - lse').
-          const float merged = lse == kNegInf ? sink : std::max(lse, sink) + std::log1p(std::exp(-std::fabs(lse - sink)));
+          const float merged =
+              lse == kNegInf ? sink : std::max(lse, sink) + std::log1p(std::exp(-std::fabs(lse - sink)));
           if (lr > 0.f) inv *= std::exp(lse - merged);
           lse = merged;
         }
@@ -350,8 +355,8 @@ Error backward_impl(const Problem& p, int threads) {
         kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
         dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp),
         dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp);
-    const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() &&
-                    dk.data() && dv.data() && dq.data() && dk_head.data() && dv_head.data();
+    const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
+                    dv.data() && dq.data() && dk_head.data() && dv_head.data();
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -392,8 +397,8 @@ Error backward_impl(const Problem& p, int threads) {
             gemm<false>(dm.bq, dm.bk, dm.dp, q.data(), dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
             gemm<false>(dm.bq, dm.bk, dm.dvp, g.data(), dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
             for (int r = 0; r < dm.bq; ++r) {
-              float* sr = s.data() + int64_t(r) * dm.bk;  // becomes P
-              float* dr = dp.data() + int64_t(r) * dm.bk; // becomes dS (raw-score gradient)
+              float* sr = s.data() + int64_t(r) * dm.bk;   // becomes P
+              float* dr = dp.data() + int64_t(r) * dm.bk;  // becomes dS (raw-score gradient)
               if (r >= rows) {
                 std::fill(sr, sr + dm.bk, 0.f);
                 std::fill(dr, dr + dm.bk, 0.f);

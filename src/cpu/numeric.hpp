@@ -50,11 +50,11 @@ inline uint16_t float_to_fp16(float f) {
   uint32_t u = float_to_bits(f);
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);       // NaN
-  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);       // rounds to >= 65520: inf
-  if (a < 0x38800000u) {                                        // below 2^-14: subnormal half
-    float m = bits_to_float(a) * 16777216.f;                    // value / 2^-24, exact scaling
-    return uint16_t(sign | uint16_t(std::nearbyint(m)));       // current rounding mode: nearest even
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (a < 0x38800000u) {                                  // below 2^-14: subnormal half
+    float m = bits_to_float(a) * 16777216.f;              // value / 2^-24, exact scaling
+    return uint16_t(sign | uint16_t(std::nearbyint(m)));  // current rounding mode: nearest even
   }
   uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // round mantissa to 10 bits, nearest even
   return uint16_t(sign | uint16_t(((r >> 13) - (112u << 10)) & 0x7fffu));

@@ -175,8 +175,7 @@ void forward(const Problem& p, Rounding rounding, Forward* r) {
 namespace {
 
 // Gradients of one query row: accumulates into dq_row (always) and dk/dv (when given).
-void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, int64_t i, double* dq_row,
-                  Grads* g) {
+void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, int64_t i, double* dq_row, Grads* g) {
   const int64_t hk = h / p.group(), d = p.head_dim, dv = p.head_dim_v;
   std::vector<double> s, th;
   logits(p, rnd, b, h, i, &s, &th);
@@ -202,8 +201,7 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
     if (s[j] == 0) continue;  // masked or underflowed: no gradient (keeps -inf logits out of the sums)
     double dcap = p.softcap > 0 ? 1 - th[j] * th[j] : 1;
     double ds = rnd(s[j] * (dP[j] * keep[j] - D) * dcap * p.scale);
-    for (int64_t c = 0; c < d; ++c)
-      dq_row[c] = rnd.add(dq_row[c], ds * load(p, p.k, p.k_layout, b, int64_t(j), hk, c));
+    for (int64_t c = 0; c < d; ++c) dq_row[c] = rnd.add(dq_row[c], ds * load(p, p.k, p.k_layout, b, int64_t(j), hk, c));
     if (g) {
       const int64_t gk = global_k(p, b, int64_t(j));
       double* dk = &g->dk[size_t((hk * p.total_k + gk) * d)];

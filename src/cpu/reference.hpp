@@ -20,9 +20,9 @@ struct Forward {
   std::vector<double> lse;  // [heads_q][rows_q]
 };
 struct Grads {
-  std::vector<double> dq;  // [heads_q][rows_q][head_dim]
-  std::vector<double> dk;  // [heads_kv][rows_k][head_dim]
-  std::vector<double> dv;  // [heads_kv][rows_k][head_dim_v]
+  std::vector<double> dq;      // [heads_q][rows_q][head_dim]
+  std::vector<double> dk;      // [heads_kv][rows_k][head_dim]
+  std::vector<double> dv;      // [heads_kv][rows_k][head_dim_v]
   std::vector<double> dsinks;  // [heads_q] (zeros without sinks)
 };
 

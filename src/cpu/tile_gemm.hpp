@@ -30,9 +30,8 @@ inline vfloat vbroadcast(float x) { return vfloat{} + x; }
 enum class ALayout { kRowMajor, kTransposed };  // A[m][k] at A[m*lda + k], or at A[k*lda + m]
 
 template <int NV, bool kAccumulate, ALayout kA>
-inline __attribute__((always_inline)) void micro_tile(const float* __restrict A, int64_t lda,
-                                                      const float* __restrict B, int64_t ldb, int K,
-                                                      float* __restrict C, int64_t ldc) {
+inline __attribute__((always_inline)) void micro_tile(const float* __restrict A, int64_t lda, const float* __restrict B,
+                                                      int64_t ldb, int K, float* __restrict C, int64_t ldc) {
   vfloat acc[kRows][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r)
@@ -57,8 +56,7 @@ inline __attribute__((always_inline)) void micro_tile(const float* __restrict A,
 
 // C[M][N] (+)= A[M][K] * B[K][N]. M a multiple of kRows, N a multiple of kVecFloats.
 template <bool kAccumulate, ALayout kA = ALayout::kRowMajor>
-inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
-                 int64_t ldc) {
+inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
   for (int m = 0; m < M; m += kRows) {
     const float* a = kA == ALayout::kRowMajor ? A + m * lda : A + m;
     for (int n = 0; n < N; n += kMaxVecs * kVecFloats) {
@@ -68,9 +66,12 @@ inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* 
       if (nv >= kMaxVecs) {
         micro_tile<kMaxVecs, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
       } else if constexpr (kMaxVecs == 4) {
-        if (nv == 3) micro_tile<3, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
-        else if (nv == 2) micro_tile<2, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
-        else micro_tile<1, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
+        if (nv == 3)
+          micro_tile<3, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
+        else if (nv == 2)
+          micro_tile<2, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
+        else
+          micro_tile<1, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
       } else {
         micro_tile<1, kAccumulate, kA>(a, lda, b, ldb, K, c, ldc);
       }

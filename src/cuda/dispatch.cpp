@@ -34,9 +34,9 @@ namespace {
 
 // Device pointers every launch reads or writes: checked once here for both families.
 detail::Error check_pointers(const detail::Problem& p, bool backward) {
-  const std::pair<const char*, const void*> forward_tensors[] = {{"q", p.q},     {"k", p.k},     {"v", p.v},
-                                                                 {"out", p.out}, {"lse", p.lse}, {"alibi_slopes", p.alibi},
-                                                                 {"sinks", p.sinks}};
+  const std::pair<const char*, const void*> forward_tensors[] = {
+      {"q", p.q},        {"k", p.k}, {"v", p.v}, {"out", p.out}, {"lse", p.lse}, {"alibi_slopes", p.alibi},
+      {"sinks", p.sinks}};
   const std::pair<const char*, const void*> backward_tensors[] = {
       {"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}, {"dsinks", p.dsinks}};
   for (const auto& [name, ptr] : forward_tensors)
@@ -65,8 +65,7 @@ detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
   if (detail::Error e = check_pointers(p, false); !e.ok()) return e;
   const auto stream = static_cast<cudaStream_t>(exec.stream);
   switch (plan.family) {
-    case Family::kSm80:
-      return sm80::run_forward(p, plan, stream);
+    case Family::kSm80: return sm80::run_forward(p, plan, stream);
     case Family::kSm90: {
 #ifdef FLASHATTN_WITH_SM90
       Workspace ws;
@@ -138,10 +137,10 @@ constexpr int kVectorElems = kVectorBytes / 2;  // fp16/bf16 only
 
 template <Family kFamily>
 const detail::Backend& make_backend() {
-  static const detail::Backend b{family_name(kFamily),
-                                 detail::Requirements{kVectorBytes, kVectorElems, false, family_name(kFamily)},
-                                 forward<kFamily>, backward<kFamily>, tile_shape<kFamily>,
-                                 plan_info<kFamily>};
+  static const detail::Backend b{
+      family_name(kFamily), detail::Requirements{kVectorBytes, kVectorElems, false, family_name(kFamily)},
+      forward<kFamily>,     backward<kFamily>,
+      tile_shape<kFamily>,  plan_info<kFamily>};
   return b;
 }
 
@@ -171,14 +170,15 @@ constexpr bool kSm90Built = false;
 Error select_cuda_backend(fa_backend requested, int device_index, const Backend** out) {
   int arch = 0;
   if (Error e = cuda::device_arch(device_index, &arch); !e.ok()) return e;
-  const std::string device_desc =
-      "device " + std::to_string(device_index) + " is sm" + std::to_string(arch);
+  const std::string device_desc = "device " + std::to_string(device_index) + " is sm" + std::to_string(arch);
   if (requested == FA_BACKEND_CUDA_SM90) {
     if (!kSm90Built)
-      return unsupported("exec.backend: this build of flashattn has no cuda-sm90 (Hopper) kernels (configure with "
-                         "FLASHATTN_CUDA_ARCHS including 90a); use FA_BACKEND_CUDA_SM80 or FA_BACKEND_AUTO");
+      return unsupported(
+          "exec.backend: this build of flashattn has no cuda-sm90 (Hopper) kernels (configure with "
+          "FLASHATTN_CUDA_ARCHS including 90a); use FA_BACKEND_CUDA_SM80 or FA_BACKEND_AUTO");
     if (arch != kSm90Arch)
-      return unsupported("exec.backend: the cuda-sm90 backend needs a compute capability 9.0 GPU (" + device_desc + ")");
+      return unsupported("exec.backend: the cuda-sm90 backend needs a compute capability 9.0 GPU (" + device_desc +
+                         ")");
   }
   // AUTO prefers the Hopper kernels on sm90 when they are built; SM80 and everything else land on the
   // FlashAttention-2 kernels (they run on sm80 through sm90).
@@ -193,16 +193,16 @@ Error select_cuda_backend(fa_backend requested, int device_index, const Backend*
       return ok();
     } else if (requested == FA_BACKEND_CUDA_SM90) {
       cudaGetLastError();
-      return unsupported("q: the cuda-sm90 kernels cannot run on this GPU (" + device_desc + "): " +
-                         cudaGetErrorString(e));
+      return unsupported("q: the cuda-sm90 kernels cannot run on this GPU (" + device_desc +
+                         "): " + cudaGetErrorString(e));
     }
     cudaGetLastError();
   }
   if (cudaError_t e = cuda::sm80::kernels_runnable(device_index); e != cudaSuccess) {
     cudaGetLastError();  // the failed query is recorded as the last error; clear it for the caller
     return unsupported("q: the cuda-sm80 kernels were not built for this GPU (" + device_desc +
-                       "; rebuild with FLASHATTN_SM80_ARCHS including " + std::to_string(arch) + "): " +
-                       cudaGetErrorString(e));
+                       "; rebuild with FLASHATTN_SM80_ARCHS including " + std::to_string(arch) +
+                       "): " + cudaGetErrorString(e));
   }
   *out = &cuda::backend(cuda::Family::kSm80);
   return ok();
@@ -216,11 +216,13 @@ Error copy_int32_to_host(const fa_tensor& t, void* stream_ptr, std::vector<int32
   if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess)
     return cuda::runtime_error("cudaStreamIsCapturing", e);
   if (capture != cudaStreamCaptureStatusNone)
-    return invalid("exec.stream", "is capturing a CUDA graph: varlen offsets (cu_seqlens_q/cu_seqlens_k/seqused_k) "
-                                  "live on the device and cannot be read for validation during capture");
+    return invalid("exec.stream",
+                   "is capturing a CUDA graph: varlen offsets (cu_seqlens_q/cu_seqlens_k/seqused_k) "
+                   "live on the device and cannot be read for validation during capture");
   out->assign(size_t(t.shape[0]), 0);
   if (out->empty()) return ok();
-  if (cudaError_t e = cudaMemcpyAsync(out->data(), t.data, out->size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (cudaError_t e =
+          cudaMemcpyAsync(out->data(), t.data, out->size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
       e != cudaSuccess)
     return cuda::runtime_error("reading varlen offsets (cudaMemcpyAsync)", e);
   if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)

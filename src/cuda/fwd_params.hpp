@@ -26,7 +26,7 @@ struct FwdParams {
 
   const int32_t* cu_seqlens_q = nullptr;  // both set: varlen
   const int32_t* cu_seqlens_k = nullptr;
-  const int32_t* seqused_k = nullptr;     // optional
+  const int32_t* seqused_k = nullptr;  // optional
 
   int batch = 0, heads_q = 0, group = 1;  // group = heads_q / heads_kv (GQA/MQA)
   int seqlen_q = 0, seqlen_k = 0;         // batched sizes; varlen: max_seqlen_q / max_seqlen_k
@@ -40,11 +40,11 @@ struct FwdParams {
   float softcap = 0.f;
   float softcap_in_scale = 0.f;  // scale / c
   float logit_scale = 1.f;
-  float scale_log2 = 1.f;        // logit_scale * log2(e)
+  float scale_log2 = 1.f;  // logit_scale * log2(e)
 
-  bool bottom_right = true;                    // mask offset Sk - Sq (else 0)
-  bool has_window = false;                     // causal or sliding window
-  int window_left = -1, window_right = -1;     // -1 unbounded
+  bool bottom_right = true;                 // mask offset Sk - Sq (else 0)
+  bool has_window = false;                  // causal or sliding window
+  int window_left = -1, window_right = -1;  // -1 unbounded
 
   const float* alibi = nullptr;  // slopes, (Hq) or (B, Hq)
   int64_t alibi_batch_stride = 0;

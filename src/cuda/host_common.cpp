@@ -21,8 +21,8 @@ detail::Error check_device_pointer(const char* name, const void* ptr, int device
   const bool on_device = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   if (!on_device) return detail::invalid(name, "must point to CUDA device memory (got host memory)");
   if (a.type == cudaMemoryTypeDevice && a.device != device)
-    return detail::invalid(name, "lives on CUDA device " + std::to_string(a.device) + " but device_index says " +
-                                     std::to_string(device));
+    return detail::invalid(
+        name, "lives on CUDA device " + std::to_string(a.device) + " but device_index says " + std::to_string(device));
   return detail::ok();
 }
 

@@ -71,7 +71,8 @@ detail::Error plan_forward(const detail::Problem& p, const fa_exec& exec, Family
 detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Family selected, BwdPlan* plan);
 
 const char* family_name(Family f);
-// The backend object of a family (dispatch.cpp): its requirements, and forward / backward / tile_shape through the plan.
+// The backend object of a family (dispatch.cpp): its requirements, and forward / backward / tile_shape through the
+// plan.
 const detail::Backend& backend(Family f);
 
 }  // namespace flashattn::cuda

@@ -72,17 +72,19 @@ std::string sm90_tma_unfit(const detail::Problem& p) {
     return (rows > 1 && l.row == 0) || (heads > 1 && l.head == 0) || (batch > 1 && l.batch == 0);
   };
   // dout: the backward's (the forward's Problem has none).
-  const char* tma_arg = bad(p.q_layout, rows_q, p.heads_q)                          ? "q"
-                        : bad(p.k_layout, rows_k, p.heads_kv)                       ? "k"
-                        : bad(p.v_layout, rows_k, p.heads_kv)                       ? "v"
-                        : bad(p.out_layout, rows_q, p.heads_q)                      ? "out"
+  const char* tma_arg = bad(p.q_layout, rows_q, p.heads_q)                           ? "q"
+                        : bad(p.k_layout, rows_k, p.heads_kv)                        ? "k"
+                        : bad(p.v_layout, rows_k, p.heads_kv)                        ? "v"
+                        : bad(p.out_layout, rows_q, p.heads_q)                       ? "out"
                         : p.dout != nullptr && bad(p.dout_layout, rows_q, p.heads_q) ? "dout"
-                                                                                    : nullptr;
+                                                                                     : nullptr;
   if (tma_arg != nullptr)
-    return std::string(tma_arg) + ": the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides "
-                                  "along every dimension of extent > 1 (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
+    return std::string(tma_arg) +
+           ": the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides "
+           "along every dimension of extent > 1 (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
   const int64_t max_tiles = (p.seqlen_q + sm90::kWarpgroupRows - 1) / sm90::kWarpgroupRows * p.heads_q * p.batch;
-  const int64_t max_rows = std::max(p.varlen ? p.total_q : p.batch * p.seqlen_q, p.varlen ? p.total_k : p.batch * p.seqlen_k);
+  const int64_t max_rows =
+      std::max(p.varlen ? p.total_q : p.batch * p.seqlen_q, p.varlen ? p.total_k : p.batch * p.seqlen_k);
   if (max_rows > kMaxTmaCoord || max_tiles > kMaxTmaCoord)
     return "q: the cuda-sm90 backend addresses at most 2^31-1 rows per tensor and 2^31-1 (query block, head, batch) "
            "tiles";
@@ -146,7 +148,8 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
   const int64_t elem = 2;
   const int64_t kv_bytes = std::max<int64_t>(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * elem;
-  f.section_heads = int(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(tile_heads * p.batch, 1)));
+  f.section_heads =
+      int(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(tile_heads * p.batch, 1)));
   f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
   if (f.num_splits > 1) {
     f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);
@@ -235,8 +238,8 @@ void bwd_geometry(const detail::Problem& p, BwdPlan& b) {
 std::string sm90_bwd_unfit(const detail::Problem& p, const fa_exec& exec, Instance* instance) {
   *instance = sm90::find_bwd(p.dtype, max_head_dim(p));
   if (!instance->found())
-    return "q: the cuda-sm90 backend has no backward kernel for this dtype with head_dim " + std::to_string(p.head_dim) +
-           ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build";
+    return "q: the cuda-sm90 backend has no backward kernel for this dtype with head_dim " +
+           std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build";
   if (needs_score_mods(p)) return "softcap: the cuda-sm90 backward has no softcap/ALiBi kernels yet";
   if (exec.deterministic) return "exec.deterministic: the cuda-sm90 backward has no deterministic mode yet";
   if (std::string unfit = sm90_tma_unfit(p); !unfit.empty()) return unfit;

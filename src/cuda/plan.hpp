@@ -33,7 +33,9 @@ struct SplitWorkspace {
   int64_t lse_offset = 0, o_offset = 0, bytes = 0;
 };
 inline SplitWorkspace split_workspace(int splits, int64_t heads, int64_t rows, int64_t head_dim_v) {
-  auto round_up = [](int64_t x) { return (x + SplitWorkspace::kAlign - 1) / SplitWorkspace::kAlign * SplitWorkspace::kAlign; };
+  auto round_up = [](int64_t x) {
+    return (x + SplitWorkspace::kAlign - 1) / SplitWorkspace::kAlign * SplitWorkspace::kAlign;
+  };
   SplitWorkspace w;
   w.lse_offset = SplitWorkspace::kAlign;  // the tile counter's slot
   w.o_offset = w.lse_offset + round_up(int64_t(splits) * heads * rows * 4);
@@ -43,8 +45,8 @@ inline SplitWorkspace split_workspace(int splits, int64_t heads, int64_t rows, i
 
 struct FwdPlan {
   Family family = Family::kSm80;
-  int instance = -1;   // index into the family's forward kernel table
-  int head_dim = 0;    // the compiled head dim of that kernel (>= max(d, dv))
+  int instance = -1;  // index into the family's forward kernel table
+  int head_dim = 0;   // the compiled head dim of that kernel (>= max(d, dv))
   Variant variant;
   bool windowed = false;  // mask policy: causal / sliding window (WindowMask), else key length only
   bool compact = false;   // sm80: the compact tile (sm80/tiles.hpp fwd_compact)
@@ -53,12 +55,12 @@ struct FwdPlan {
   int warps = 0;   // sm80: warps per CTA; sm90: consumer warpgroups
   int stages = 0;  // sm90: K/V pipeline depth
   Schedule schedule = Schedule::kPerTile;
-  int64_t m_blocks = 0;  // query blocks per (batch, head); packed: of (position, head) rows per KV head
-  int64_t tiles = 0;     // (query block, head, batch) tiles; packed: heads are KV heads
-  int grid = 0;          // CTAs launched (persistent: min(tiles, SMs))
-  int section_heads = 1; // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
-  int num_splits = 1;    // sm90 split-KV: key-block ranges per tile, merged by the combine kernel (1: none)
-  SplitWorkspace split;  // num_splits > 1: where the partials live in the workspace
+  int64_t m_blocks = 0;         // query blocks per (batch, head); packed: of (position, head) rows per KV head
+  int64_t tiles = 0;            // (query block, head, batch) tiles; packed: heads are KV heads
+  int grid = 0;                 // CTAs launched (persistent: min(tiles, SMs))
+  int section_heads = 1;        // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
+  int num_splits = 1;           // sm90 split-KV: key-block ranges per tile, merged by the combine kernel (1: none)
+  SplitWorkspace split;         // num_splits > 1: where the partials live in the workspace
   int64_t workspace_bytes = 0;  // device workspace the launch needs (tile counter, split-KV partials)
 };
 

@@ -19,7 +19,7 @@ constexpr size_t kMinBytes = 256;  // the smallest buffer kept: a tile counter n
 std::mutex g_mutex;
 std::map<std::pair<int, cudaStream_t>, Cached>& cache() {
   static auto* c = new std::map<std::pair<int, cudaStream_t>, Cached>();  // never destroyed: the driver may
-  return *c;                                                               // be gone at exit
+  return *c;                                                              // be gone at exit
 }
 
 }  // namespace

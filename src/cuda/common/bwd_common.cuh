@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(kAuxThreads) dkdv_reduce_kernel(const BwdParam
   if (g >= live_rows(p.cu_seqlens_k, p.batch, p.rows_k)) return;
   const bool varlen = p.cu_seqlens_k != nullptr;
   // Columns c, c + 1 of one gradient: its per-query-head fp32 rows (dim floats each) summed over the group.
-  auto reduce = [&](const float* acc, int dim, void* out, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+  auto reduce = [&](const float* acc, int dim, void* out, int64_t batch_stride, int64_t row_stride,
+                    int64_t head_stride) {
     if (c >= dim) return;
     float a = 0.f, e = 0.f;
     for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
@@ -160,8 +161,8 @@ cudaError_t launch_preprocess(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.heads_q) * p.rows_q;
   const int64_t dq_floats = int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile;
   if (rows == 0 && dq_floats == 0) return cudaSuccess;
-  preprocess_kernel<kDtype><<<aux_blocks(std::max<int64_t>(rows * kPreRowThreads, 1)), kAuxThreads, 0, stream>>>(
-      p, dq_floats);
+  preprocess_kernel<kDtype>
+      <<<aux_blocks(std::max<int64_t>(rows * kPreRowThreads, 1)), kAuxThreads, 0, stream>>>(p, dq_floats);
   return cudaGetLastError();
 }
 

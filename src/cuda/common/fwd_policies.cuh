@@ -92,7 +92,8 @@ struct WindowMask {
   // The keys row `row` sees; lo may be negative (the masks compare columns >= 0 with it).
   __host__ __device__ ColRange cols(int row) const {
     const int diag = row + rule.diag_off;
-    return {rule.left >= 0 ? diag - rule.left : 0, rule.right >= 0 ? min(rule.len_k, diag + rule.right + 1) : rule.len_k};
+    return {rule.left >= 0 ? diag - rule.left : 0,
+            rule.right >= 0 ? min(rule.len_k, diag + rule.right + 1) : rule.len_k};
   }
 };
 
@@ -118,7 +119,8 @@ struct ScoreMods {
       for (int r = 0; r < cute::size<0>(s); ++r) {
         const int diag = m0 + cute::get<0>(coords(r, 0)) + diag_off - n0;
         CUTE_UNROLL
-        for (int c = 0; c < cute::size<1>(s); ++c) s(r, c) -= alibi_slope * float(abs(diag - cute::get<1>(coords(0, c))));
+        for (int c = 0; c < cute::size<1>(s); ++c)
+          s(r, c) -= alibi_slope * float(abs(diag - cute::get<1>(coords(0, c))));
       }
     }
   }
@@ -247,8 +249,8 @@ struct OnlineSoftmax {
       float inv = sum == 0.f ? 0.f : 1.f / sum;
       lse[r] = sum == 0.f ? -INFINITY : row_max[r] * logit_scale + logf(sum);
       if (sink[r] != -INFINITY) {
-        const float merged = lse[r] == -INFINITY ? sink[r]
-                                                 : fmaxf(lse[r], sink[r]) + log1pf(expf(-fabsf(lse[r] - sink[r])));
+        const float merged =
+            lse[r] == -INFINITY ? sink[r] : fmaxf(lse[r], sink[r]) + log1pf(expf(-fabsf(lse[r] - sink[r])));
         if (sum != 0.f) inv *= expf(lse[r] - merged);
         lse[r] = merged;
       }

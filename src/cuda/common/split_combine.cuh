@@ -3,8 +3,8 @@
 //   L = log(sum_s exp(L_s) + exp(sink)),   O = sum_s exp(L_s - L) * O_s,
 // into out (the call's dtype) and lse; the head's learnable sink logit (if any) is a split with O = 0, added
 // here once (the splits leave it out). A split that saw no key has L_s = -inf and weight 0; a row no split saw
-// keeps the forward's rule (out = 0, lse = -inf, or lse = sink). The partial layout is FwdParams' (fwd_params.hpp). The same
-// merge serves any producer of (O, LSE) partials.
+// keeps the forward's rule (out = 0, lse = -inf, or lse = sink). The partial layout is FwdParams' (fwd_params.hpp). The
+// same merge serves any producer of (O, LSE) partials.
 #pragma once
 
 #include <cmath>

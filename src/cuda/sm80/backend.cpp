@@ -10,7 +10,7 @@
 namespace flashattn::cuda::sm80 {
 
 // Declarations of the generated instantiations (sm80_fwd_kernels.inc lists them).
-#define FA_SM80_FWD(dtype, hdim)                                                                        \
+#define FA_SM80_FWD(dtype, hdim)                                                                       \
   extern template cudaError_t launch_fwd<dtype, hdim>(const FwdParams&, const FwdPlan&, cudaStream_t); \
   extern template cudaError_t fwd_attributes<dtype, hdim>(cudaFuncAttributes*);
 #include "sm80_fwd_kernels.inc"

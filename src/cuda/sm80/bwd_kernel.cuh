@@ -89,12 +89,13 @@ struct BwdTraits {
   static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
   static constexpr int kThreadsPerRow = (kHeadDim % 64 == 0 ? 64 : 32) / kVecElems;
   static_assert(kThreads % kThreadsPerRow == 0);
-  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
+  using GmemThreads =
+      Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
   using GmemVec = Layout<Shape<_1, Int<kVecElems>>>;
   using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
                                             GmemThreads{}, GmemVec{}));
-  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
-                                             GmemVec{}));
+  using GmemStore =
+      decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{}, GmemVec{}));
   using LdsmN = Copy_Atom<SM75_U32x4_LDSM_N, Element>;  // operand stored K-major
   using LdsmT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;  // operand stored M/N-major: ldmatrix.trans
   using SmemStoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
@@ -173,7 +174,8 @@ __device__ void store_fp32(const Acc& acc, const Coord& coord, float* dst, int64
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {  // accumulator elements 2i, 2i+1 are adjacent columns of one row
     const int r = get<0>(coord(i)), c = get<1>(coord(i));
-    if (r < rows && c < cols) *reinterpret_cast<float2*>(dst + int64_t(r) * row_stride + c) = make_float2(acc(i), acc(i + 1));
+    if (r < rows && c < cols)
+      *reinterpret_cast<float2*>(dst + int64_t(r) * row_stride + c) = make_float2(acc(i), acc(i + 1));
   }
 }
 
@@ -226,10 +228,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
   Element* smem_p = smem_v + Tr::kKVElems;
   Element* smem_ds = smem_p + Tr::kPdSElems;
   float* smem_stats = reinterpret_cast<float*>(smem_ds + Tr::kPdSElems);
-  auto sQ = [&](int stage) { return make_tensor(make_smem_ptr(smem_q + stage * Tr::kQElems), typename Tr::SmemLayoutQ{}); };
-  auto sQt = [&](int stage) { return make_tensor(make_smem_ptr(smem_q + stage * Tr::kQElems), typename Tr::SmemLayoutQt{}); };
-  auto sdO = [&](int stage) { return make_tensor(make_smem_ptr(smem_do + stage * Tr::kQElems), typename Tr::SmemLayoutQ{}); };
-  auto sdOt = [&](int stage) { return make_tensor(make_smem_ptr(smem_do + stage * Tr::kQElems), typename Tr::SmemLayoutQt{}); };
+  auto sQ = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_q + stage * Tr::kQElems), typename Tr::SmemLayoutQ{});
+  };
+  auto sQt = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_q + stage * Tr::kQElems), typename Tr::SmemLayoutQt{});
+  };
+  auto sdO = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_do + stage * Tr::kQElems), typename Tr::SmemLayoutQ{});
+  };
+  auto sdOt = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_do + stage * Tr::kQElems), typename Tr::SmemLayoutQt{});
+  };
   Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Tr::SmemLayoutKV{});
   Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename Tr::SmemLayoutKt{});
   Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Tr::SmemLayoutKV{});
@@ -300,9 +310,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
   constexpr int kRows = decltype(size<0>(cS_rc))::value;
   constexpr int kCols = decltype(size<1>(cS_rc))::value;
 
-  const float alibi_slope = kScoreMods && p.alibi != nullptr
-                                ? p.alibi[int64_t(batch) * p.alibi_batch_stride + head] / p.logit_scale
-                                : 0.f;
+  const float alibi_slope =
+      kScoreMods && p.alibi != nullptr ? p.alibi[int64_t(batch) * p.alibi_batch_stride + head] / p.logit_scale : 0.f;
   const int diag_off = p.bottom_right ? seq.len_k - seq.len_q : 0;  // query i sits at key i + diag_off
   const int n_blocks = (seq.rows_k + kBlockN - 1) / kBlockN;
   const int n_first = int(blockIdx.x);
@@ -319,22 +328,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
     clear(acc_dv);
 
     // rows_valid: rows of the block inside the sequence (kBlockM for a whole block).
-    auto load_q_do = [&](int m_block, int rows_valid, int q_stage, int do_stage, bool load_q,
-                         bool load_do) CUTLASS_LAMBDA_FUNC_INLINE {
-      if (load_q) {
-        load_tile<kBlockM, kHeadDim>(gmem_load, tQg(_, _, _, m_block), gthr.partition_D(sQ(q_stage)), tQc,
-                                     rows_valid, head_dim);
-        if (tid < Tr::kStatsFloats) {  // rows past the sequence read as 0 (they are masked)
-          const int r = tid % kBlockM, row = m_block * kBlockM + r;
-          const bool valid = r < rows_valid;
-          const float* src = tid < kBlockM ? lse_ptr + int64_t(valid ? row : 0) * p.lse_row : dsum_ptr + (valid ? row : 0);
-          cp_async_f32(smem_stats + q_stage * Tr::kStatsFloats + tid, src, valid);
-        }
-      }
-      if (load_do)
-        load_tile<kBlockM, kHeadDim>(gmem_load, tdOg(_, _, _, m_block), gthr.partition_D(sdO(do_stage)), tQc,
-                                     rows_valid, head_dim_v);
-    };
+    auto load_q_do = [&](int m_block, int rows_valid, int q_stage, int do_stage, bool load_q, bool load_do)
+                         CUTLASS_LAMBDA_FUNC_INLINE {
+                           if (load_q) {
+                             load_tile<kBlockM, kHeadDim>(gmem_load, tQg(_, _, _, m_block),
+                                                          gthr.partition_D(sQ(q_stage)), tQc, rows_valid, head_dim);
+                             if (tid < Tr::kStatsFloats) {  // rows past the sequence read as 0 (they are masked)
+                               const int r = tid % kBlockM, row = m_block * kBlockM + r;
+                               const bool valid = r < rows_valid;
+                               const float* src = tid < kBlockM ? lse_ptr + int64_t(valid ? row : 0) * p.lse_row
+                                                                : dsum_ptr + (valid ? row : 0);
+                               cp_async_f32(smem_stats + q_stage * Tr::kStatsFloats + tid, src, valid);
+                             }
+                           }
+                           if (load_do)
+                             load_tile<kBlockM, kHeadDim>(gmem_load, tdOg(_, _, _, m_block),
+                                                          gthr.partition_D(sdO(do_stage)), tQc, rows_valid, head_dim_v);
+                         };
 
     if (m_lo < m_hi) {
       const int keys_valid = seq.len_k - n0;
@@ -343,8 +353,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
       load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n_block), tVs, tKc, keys_valid, head_dim_v);
       // Query blocks walk down from the last (FA2's order): without a mask the key-block CTAs of a head walk the
       // same Q / dO / dQ tiles in step (L2 reuse) either way; under a causal mask ascending would start each key
-      // block at its diagonal, out of step with its neighbours (descending measured 0-3% faster: docs/journal/cuda.md, device run B2-3).
-      // Only the first block can be partial, so the loads of the next block are never row-predicated.
+      // block at its diagonal, out of step with its neighbours (descending measured 0-3% faster: docs/journal/cuda.md,
+      // device run B2-3). Only the first block can be partial, so the loads of the next block are never row-predicated.
       const int steps = m_hi - m_lo;
       load_q_do(m_hi - 1, seq.len_q - (m_hi - 1) * kBlockM, 0, 0, true, true);
       cute::cp_async_fence();
@@ -371,8 +381,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
         clear(acc_s);
         clear(acc_dp);
-        gemm_smem_smem(acc_s, rQ, rK, copy_sdp_a_thr.partition_S(sQ(q_stage)), tSsK, mma_sdp, copy_sdp_a,
-                       copy_sdp_b, copy_sdp_a_thr, copy_sdp_b_thr);
+        gemm_smem_smem(acc_s, rQ, rK, copy_sdp_a_thr.partition_S(sQ(q_stage)), tSsK, mma_sdp, copy_sdp_a, copy_sdp_b,
+                       copy_sdp_a_thr, copy_sdp_b_thr);
         gemm_smem_smem(acc_dp, rdO, rV, copy_sdp_a_thr.partition_S(sdO(do_stage)), tdPsV, mma_sdp, copy_sdp_a,
                        copy_sdp_b, copy_sdp_a_thr, copy_sdp_b_thr);
 
@@ -443,8 +453,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
 
         Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         clear(acc_dq);
-        gemm_smem_smem(acc_dq, rdS, rKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b, copy_dq_a_thr,
-                       copy_dq_b_thr);
+        gemm_smem_smem(acc_dq, rdS, rKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b, copy_dq_a_thr, copy_dq_b_thr);
         float* dq_dst = dq_tile(p, seq, split, head, batch, m_block, kBlockM);
         static_assert(decltype(size(acc_dq))::value % kDqVec == 0);
         CUTE_UNROLL
@@ -467,8 +476,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
       for (int step = 0; step < steps; ++step) {
         const int m0 = (m_hi - 1 - step) * kBlockM;
         const int rows_here = min(kBlockM, seq.len_q - m0);
-        if (rows_here < kBlockM || mask.block_needs_mask(m0, rows_here, n0, kBlockN)) step_body(step, std::true_type{});
-        else step_body(step, std::false_type{});
+        if (rows_here < kBlockM || mask.block_needs_mask(m0, rows_here, n0, kBlockN))
+          step_body(step, std::true_type{});
+        else
+          step_body(step, std::false_type{});
       }
     }
 
@@ -551,7 +562,8 @@ cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
 template <class Tr, class Mask>
 cudaError_t launch_main(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   auto launch = [&](auto variant) { return launch_main<Tr, Mask, decltype(variant)>(p, stream); };
-  return plan.deterministic ? dispatch_variant<true>(plan.variant, launch) : dispatch_variant<false>(plan.variant, launch);
+  return plan.deterministic ? dispatch_variant<true>(plan.variant, launch)
+                            : dispatch_variant<false>(plan.variant, launch);
 }
 
 // Main kernel, then the dQ postprocess with the same tiles (it reads the workspace in the main kernel's order).

@@ -48,9 +48,9 @@ struct FwdTraits {
   static constexpr int kSmemChunk = kHeadDim % 64 == 0 ? 64 : 32;
   static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
   // Swizzle<B, M, S>: the vector index (bits [M, M+B) of the element offset) is XORed with the bits S above it.
-  static constexpr int kVecBits = 3;                              // log2(kVecElems): 16-byte vectors stay whole
+  static constexpr int kVecBits = 3;                             // log2(kVecElems): 16-byte vectors stay whole
   static constexpr int kSwizzleBits = kSmemChunk == 64 ? 3 : 2;  // log2(vectors per chunk row)
-  static constexpr int kSwizzleShift = 3;                         // XOR with the row bits (8 rows per atom)
+  static constexpr int kSwizzleShift = 3;                        // XOR with the row bits (8 rows per atom)
   static_assert(kVecElems == (1 << kVecBits));
   using SmemAtom = decltype(composition(Swizzle<kSwizzleBits, kVecBits, kSwizzleShift>{},
                                         Layout<Shape<_8, Int<kSmemChunk>>, Stride<Int<kSmemChunk>, _1>>{}));
@@ -65,14 +65,15 @@ struct FwdTraits {
   // Global <-> shared: each thread moves 16-byte vectors; a row of a chunk is covered by kThreadsPerRow threads.
   static constexpr int kThreadsPerRow = kSmemChunk / kVecElems;
   static_assert(kThreads % kThreadsPerRow == 0);
-  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
+  using GmemThreads =
+      Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
   using GmemVec = Layout<Shape<_1, Int<kVecElems>>>;
   using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
                                             GmemThreads{}, GmemVec{}));
-  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
-                                             GmemVec{}));
-  using SmemLoadQK = Copy_Atom<SM75_U32x4_LDSM_N, Element>;   // ldmatrix
-  using SmemLoadVt = Copy_Atom<SM75_U16x8_LDSM_T, Element>;   // ldmatrix.trans: V is (keys, d) in smem
+  using GmemStore =
+      decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{}, GmemVec{}));
+  using SmemLoadQK = Copy_Atom<SM75_U32x4_LDSM_N, Element>;  // ldmatrix
+  using SmemLoadVt = Copy_Atom<SM75_U16x8_LDSM_T, Element>;  // ldmatrix.trans: V is (keys, d) in smem
   using SmemStoreO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
 
@@ -121,8 +122,10 @@ __device__ void load_tile(const TiledCopy& copy, const Src& src, Dst&& dst, cons
     if (get<0>(coord(0, m, 0)) < rows) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(dst); ++k) {
-        if (get<1>(coord(0, m, k)) < cols) cute::copy(copy, src(_, m, k), dst(_, m, k));
-        else cute::clear(dst(_, m, k));
+        if (get<1>(coord(0, m, k)) < cols)
+          cute::copy(copy, src(_, m, k), dst(_, m, k));
+        else
+          cute::clear(dst(_, m, k));
       }
     } else {
       cute::clear(dst(_, m, _));
@@ -261,8 +264,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // V(n) streams in while S = Q.K^T is computed. Only the sequence's last key block can be partial, and when
     // visited it is the first.
     const int n0 = n * kBlockN;
-    load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n), tVs, tKVc, kFirst ? seq.len_k - n0 : kBlockN,
-                                 head_dim_v);
+    load_tile<kBlockN, kHeadDim>(gmem_load, tVg(_, _, _, n), tVs, tKVc, kFirst ? seq.len_k - n0 : kBlockN, head_dim_v);
     cute::cp_async_fence();
     gemm_smem_smem(acc_s, rQ, rK, tSsQ, tSsK, mma, smem_q, smem_k, smem_q_thr, smem_k_thr);
 
@@ -272,7 +274,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       if (mask.block_needs_mask(m0, rows_here, n0, kBlockN)) apply_mask(mask, s, cS_rc, m0, n0);
 
     cute::cp_async_wait<0>();
-    __syncthreads();  // V(n) landed; every warp is done reading K(n)
+    __syncthreads();     // V(n) landed; every warp is done reading K(n)
     if (n > range.lo) {  // K(n - 1) is a whole block: it lies below the first
       load_tile<kBlockN, kHeadDim>(gmem_load, tKg(_, _, _, n - 1), tKs, tKVc, kBlockN, head_dim);
       cute::cp_async_fence();

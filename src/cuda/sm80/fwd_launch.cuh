@@ -21,8 +21,8 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
 
 template <class Traits, class Mask>
 cudaError_t launch_variant(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
-  return dispatch_variant<false>(plan.variant,
-                                 [&](auto variant) { return launch_kernel<Traits, Mask, decltype(variant)>(p, stream); });
+  return dispatch_variant<false>(
+      plan.variant, [&](auto variant) { return launch_kernel<Traits, Mask, decltype(variant)>(p, stream); });
 }
 
 // The plan's mask policy and tile: causal/window problems always take the compact tile; unmasked ones only

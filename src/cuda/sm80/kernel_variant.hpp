@@ -1,6 +1,6 @@
 // What one compiled sm80 kernel handles beyond the plain case, as a list of named options (the style of the sm90
-// kernel's Mechanisms<>): KernelVariant<> is the plain kernel, KernelVariant<variant::PaddedHeadDim> the one for head dims
-// below the compiled one, and so on. Each combination is its own instantiation, so the plain kernel (no score
+// kernel's Mechanisms<>): KernelVariant<> is the plain kernel, KernelVariant<variant::PaddedHeadDim> the one for head
+// dims below the compiled one, and so on. Each combination is its own instantiation, so the plain kernel (no score
 // mods, head dims equal to the compiled one), which nearly every call takes, carries no code or registers for the
 // others.
 #pragma once

@@ -12,9 +12,9 @@
 
 namespace flashattn::cuda::sm90 {
 
-#define FA_SM90_FWD(dtype, hdim, mods)                                                                       \
-  extern template cudaError_t launch_fwd<dtype, hdim, mods, Mechanisms<>>(const FwdParams&, const FwdPlan&, \
-                                                                          int*, cudaStream_t);              \
+#define FA_SM90_FWD(dtype, hdim, mods)                                                                            \
+  extern template cudaError_t launch_fwd<dtype, hdim, mods, Mechanisms<>>(const FwdParams&, const FwdPlan&, int*, \
+                                                                          cudaStream_t);                          \
   extern template cudaError_t fwd_attributes<dtype, hdim, mods, Mechanisms<>>(cudaFuncAttributes*);
 #include "sm90_fwd_kernels.inc"
 #undef FA_SM90_FWD
@@ -24,9 +24,9 @@ namespace flashattn::cuda::sm90 {
 #include "sm90_bwd_kernels.inc"
 #undef FA_SM90_BWD
 
-#define FA_SM90_ABLATION(name, ...)                                                                            \
-  extern template cudaError_t launch_fwd<FA_BFLOAT16, 128, false, __VA_ARGS__>(const FwdParams&, const FwdPlan&, \
-                                                                               int*, cudaStream_t);
+#define FA_SM90_ABLATION(name, ...)                                                                                    \
+  extern template cudaError_t launch_fwd<FA_BFLOAT16, 128, false, __VA_ARGS__>(const FwdParams&, const FwdPlan&, int*, \
+                                                                               cudaStream_t);
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
 

@@ -28,9 +28,11 @@ struct BwdEpilogue {
     static_assert(decltype(size(acc_dk))::value % 2 == 0);
     if (p.group == 1) {
       const bool varlen = p.cu_seqlens_k != nullptr;
-      Element* dk = static_cast<Element*>(p.dk) + (varlen ? int64_t(seq.k_start) * p.dk_row : int64_t(batch) * p.dk_batch) +
+      Element* dk = static_cast<Element*>(p.dk) +
+                    (varlen ? int64_t(seq.k_start) * p.dk_row : int64_t(batch) * p.dk_batch) +
                     int64_t(head) * p.dk_head;
-      Element* dv = static_cast<Element*>(p.dv) + (varlen ? int64_t(seq.k_start) * p.dv_row : int64_t(batch) * p.dv_batch) +
+      Element* dv = static_cast<Element*>(p.dv) +
+                    (varlen ? int64_t(seq.k_start) * p.dv_row : int64_t(batch) * p.dv_batch) +
                     int64_t(head) * p.dv_head;
       store_pairs(acc_dk, cKV, dk, p.dk_row, n0, rows, p.head_dim);
       store_pairs(acc_dv, cKV, dv, p.dv_row, n0, rows, p.head_dim_v);
@@ -75,8 +77,9 @@ struct BwdDqWriter {
   template <class Block>
   __device__ static void run(const BwdParams& p, typename Traits::SharedStorage& ss, const Block& blk) {
     const bool leader = cute::elect_one_sync();
-    float* dq_base = p.dq_acc + (int64_t(blk.head) * p.dq_blocks +
-                                 (blk.seq.q_row0 + int64_t(blk.batch) * kBlockM) / kBlockM) * p.dq_tile;
+    float* dq_base =
+        p.dq_acc +
+        (int64_t(blk.head) * p.dq_blocks + (blk.seq.q_row0 + int64_t(blk.batch) * kBlockM) / kBlockM) * p.dq_tile;
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       CUTE_UNROLL
       for (int wg = 0; wg < kConsumerWGs; ++wg) {
@@ -93,7 +96,8 @@ struct BwdDqWriter {
       __syncwarp();
       if (m + 1 < blk.m_hi) {
         CUTE_UNROLL
-        for (int wg = 0; wg < kConsumerWGs; ++wg) cutlass::arch::NamedBarrier::arrive(kSyncThreads, BwdBarrier::kDqEmpty + wg);
+        for (int wg = 0; wg < kConsumerWGs; ++wg)
+          cutlass::arch::NamedBarrier::arrive(kSyncThreads, BwdBarrier::kDqEmpty + wg);
       }
     }
     if (leader) tma_store_wait<0>();  // shared memory stays valid until the last reduce has read it
@@ -123,9 +127,10 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(co
   auto thr = mma_dq.get_thread_slice(ctid);
   Tensor acc = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   Tensor cQ = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  const float* src = p.dq_acc +
-                     (int64_t(head) * p.dq_blocks + (seq.q_row0 + int64_t(batch) * kBlockM) / kBlockM + m_block) * p.dq_tile +
-                     ctid / kWgThreads * Traits::kDqWgFloats;
+  const float* src =
+      p.dq_acc +
+      (int64_t(head) * p.dq_blocks + (seq.q_row0 + int64_t(batch) * kBlockM) / kBlockM + m_block) * p.dq_tile +
+      ctid / kWgThreads * Traits::kDqWgFloats;
   static_assert(decltype(size(acc))::value % 4 == 0);
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 4) {

@@ -30,8 +30,10 @@ cudaError_t launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
                            Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
   kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Traits::SmemLayoutQ{}),
                             Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
-  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  kp.tma_k =
+      make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  kp.tma_v =
+      make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
   kp.shape_q = mQ.shape();
   kp.shape_do = mdO.shape();
   kp.shape_k = mK.shape();
@@ -56,7 +58,8 @@ cudaError_t launch_bwd(const BwdParams& p, const BwdPlan& /*plan*/, cudaStream_t
     if (e != cudaSuccess) return e;
   }
   if (p.seqlen_q > 0) {
-    const dim3 grid(unsigned((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
+    const dim3 grid(unsigned((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM), unsigned(p.heads_q),
+                    unsigned(p.batch));
     dq_convert_kernel<Traits><<<grid, Traits::kConsumerThreads, 0, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }

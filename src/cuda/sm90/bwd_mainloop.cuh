@@ -40,8 +40,8 @@ struct BwdMainloop {
     constexpr int kChunk = int(sizeof(cute::uint128_t) / sizeof(Element));
     constexpr int kChunksPerRow = kHeadDim / kChunk;
     for (int i = ctid; i < (rows - from) * kChunksPerRow; i += kConsumerThreads)
-      *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&tile(from + i / kChunksPerRow, i % kChunksPerRow * kChunk))) =
-          cute::uint128_t{};
+      *reinterpret_cast<cute::uint128_t*>(
+          raw_pointer_cast(&tile(from + i / kChunksPerRow, i % kChunksPerRow * kChunk))) = cute::uint128_t{};
   }
   __device__ static void tails_visible() {
     cutlass::arch::fence_view_async_shared();
@@ -65,14 +65,14 @@ struct BwdMainloop {
     Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdS{});
     Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdSt{});
 
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);    // (MMA, 1, d/16)
-    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);    // (MMA, 1, d/16, stages)
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // (MMA, 1, d/16)
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);  // (MMA, 1, d/16, stages)
     Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
     Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
     Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, M/16, stages)
     Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, 1, N/16, 2)
-    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, N/16)
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, N/16, 2)
+    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA, 1, N/16)
     auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
     auto copy_ds_thr = copy_ds.get_thread_slice(ctid);
     Tensor tdSsdS = copy_ds_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
@@ -153,7 +153,7 @@ struct BwdMainloop {
 
       Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
       Tensor dp = make_tensor(tdPrdP.data(), rows_cols(tdPrdP.layout()));
-      warpgroup_wait<1>();  // S^T is ready; dP^T may still run
+      warpgroup_wait<1>();                        // S^T is ready; dP^T may still run
       float dsum_cols[kStatsInRegs ? kCols : 1];  // D of the columns, read while dP^T runs (as the LSE)
       if constexpr (kStatsInRegs) {
         CUTE_UNROLL

@@ -97,10 +97,9 @@ struct BwdTraits {
   static constexpr int kDqWgFloats = kWgRows * kDqCols;  // one warpgroup's dQ staging tile
   // Two staging tiles per warpgroup when they fit: a step's reduce-add then reads one while the next step writes
   // the other.
-  static constexpr int kSmemOneStaging =
-      int(sizeof(Element)) * int(2 * cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV> +
-                                 cosize_v<SmemLayoutdS>) +
-      int(sizeof(float)) * (kConsumerWGs * kDqWgFloats + 4 * kBlockM);
+  static constexpr int kSmemOneStaging = int(sizeof(Element)) * int(2 * cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> +
+                                                                    cosize_v<SmemLayoutV> + cosize_v<SmemLayoutdS>) +
+                                         int(sizeof(float)) * (kConsumerWGs * kDqWgFloats + 4 * kBlockM);
   static constexpr int kDqStages = kSmemOneStaging + kConsumerWGs * kDqWgFloats * 4 + 1024 <= 227 * 1024 ? 2 : 1;
 
   static constexpr int kTileBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
@@ -132,8 +131,10 @@ struct BwdTraits {
   using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, take<0, 2>(SmemLayoutQ{}),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaK =
+      decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV =
+      decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
 };
 
 template <class Traits>
@@ -153,7 +154,8 @@ enum BwdBarrier : int {
   kTails = 5,    // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
   kBwdBarrierCount
 };
-static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16, "named barrier ids");
+static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16,
+              "named barrier ids");
 
 // fp32 bulk reduce-add of `bytes` (a multiple of 16) from shared to global memory, in the calling thread's bulk
 // group; cute::tma_store_arrive commits the group, tma_store_wait<0> waits until its reads are done.

@@ -51,7 +51,8 @@ struct FwdEpilogue {
       static_assert(size<0>(decltype(cO_rc.layout()){}) == kRows, "one sink per accumulator row");
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r)
-        sink[r] = p.sinks[PackedRow(tile.m0 + wg * kWgRows + get<0>(cO_rc(r, 0)), tile.rows_per_pos, tile.head0(p)).head];
+        sink[r] =
+            p.sinks[PackedRow(tile.m0 + wg * kWgRows + get<0>(cO_rc(r, 0)), tile.rows_per_pos, tile.head0(p)).head];
     }
   }
 
@@ -94,7 +95,8 @@ struct FwdEpilogue {
     const int head0 = tile.head0(p);
     typename Traits::TiledMmaPV mma_pv;
     Tensor cO_rc = acc_coords(tid);
-    Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? ss.o.data() : ss.q.data()), typename Traits::SmemLayoutO{});
+    Tensor sO =
+        make_tensor(make_smem_ptr(Traits::kSeparateO ? ss.o.data() : ss.q.data()), typename Traits::SmemLayoutO{});
     Tensor sOw = sO(_, _, wg);
     Tensor out_frag = convert_fragment<Element>(tOrO);
 
@@ -153,7 +155,8 @@ struct FwdEpilogue {
       }
       return;
     }
-    cutlass::arch::fence_view_async_shared();  // the generic-proxy smem writes become visible to the TMA store (async proxy)
+    cutlass::arch::fence_view_async_shared();  // the generic-proxy smem writes become visible to the TMA store (async
+                                               // proxy)
     cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
 
     if (!varlen && !kPackGQA) {
@@ -171,7 +174,8 @@ struct FwdEpilogue {
     } else if constexpr (!kPackGQA) {
       // A box would write past the end of this sequence into the next one's rows: predicated vector stores.
       Element* o_ptr = static_cast<Element*>(p.out) + int64_t(tile.seq.q_start) * p.o_row + int64_t(t.head) * p.o_head;
-      Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(tile.seq.len_q, Int<kHeadDim>{}), make_stride(p.o_row, _1{}));
+      Tensor mO =
+          make_tensor(make_gmem_ptr(o_ptr), make_shape(tile.seq.len_q, Int<kHeadDim>{}), make_stride(p.o_row, _1{}));
       Tensor gO = local_tile(mO, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(t.m_block * kWGs + wg, 0));
       typename Traits::GmemStoreO store;
       auto sthr = store.get_thread_slice(tid);
@@ -188,8 +192,8 @@ struct FwdEpilogue {
     }
     if constexpr (kPackGQA) {
       // Packed rows are no box: predicated 16-byte stores, one row address each.
-      Element* o_base = static_cast<Element*>(p.out) +
-                        (varlen ? int64_t(tile.seq.q_start) * p.o_row : int64_t(t.batch) * p.o_batch);
+      Element* o_base =
+          static_cast<Element*>(p.out) + (varlen ? int64_t(tile.seq.q_start) * p.o_row : int64_t(t.batch) * p.o_batch);
       typename Traits::GmemStoreO store;
       auto sthr = store.get_thread_slice(tid);
       Tensor tOs = sthr.partition_S(sOw);

@@ -52,8 +52,10 @@ struct FwdLoad {
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
     Tensor mQ = domain_offset(make_coord(tile.seq.q_start, _0{}), kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, t.head, b));
-    Tensor mK = domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
-    Tensor mV = domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
+    Tensor mK =
+        domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
+    Tensor mV =
+        domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
     Tensor gQ = local_tile(mQ, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, d, m/64)
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
@@ -121,7 +123,7 @@ struct FwdLoad {
     const int head0 = tile.head0(p);
     const bool varlen = p.cu_seqlens_q != nullptr;
     cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);  // the previous tile's reads of
-                                                                                  // this space are done
+                                                                                 // this space are done
     typename Traits::GmemStoreO gather;  // the same 128-thread, 16-byte-vector partition as the O stores
     auto gthr = gather.get_thread_slice(tid);
     Tensor tQs = gthr.partition_D(sQw);
@@ -136,7 +138,8 @@ struct FwdLoad {
         const int col = get<1>(tQc(0, m, k));
         cute::uint128_t v{};
         if (r.pos < tile.seq.len_q && col < p.head_dim)
-          v = *reinterpret_cast<const cute::uint128_t*>(q_base + int64_t(r.pos) * p.q_row + int64_t(r.head) * p.q_head + col);
+          v = *reinterpret_cast<const cute::uint128_t*>(q_base + int64_t(r.pos) * p.q_row + int64_t(r.head) * p.q_head +
+                                                        col);
         *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&tQs(0, m, k))) = v;
       }
     }

@@ -138,8 +138,8 @@ struct FwdMainloop {
     // P.V reads the stage, as the sm80 kernel's predicated loads do. Every consumer warpgroup of the CTA runs the
     // same range, so the barrier over all of them is reached by each; it sits after the first block's Q.K^T and
     // before any ping-pong wait that could need another warpgroup to pass it first.
-    const bool zero_v_tail = (varlen || p.seqused_k != nullptr) && range.hi > range.lo &&
-                             range.hi * kBlockN > tile.seq.len_k;
+    const bool zero_v_tail =
+        (varlen || p.seqused_k != nullptr) && range.hi > range.lo && range.hi * kBlockN > tile.seq.len_k;
     auto zero_v_tail_rows = [&] {
       constexpr int kChunk = Traits::kVecElems;  // 16-byte chunks stay contiguous under the swizzle
       constexpr int kChunksPerRow = Traits::kVecsPerRow;
@@ -147,8 +147,8 @@ struct FwdMainloop {
       pipe_v.consumer_wait(v_read);  // waited for again before the P.V; the phase stays complete until released
       Tensor sVs = sV(_, _, v_read.index());
       for (int i = int(threadIdx.x) - kWgThreads; i < (kBlockN - first) * kChunksPerRow; i += kConsumerThreads)
-        *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&sVs(first + i / kChunksPerRow, i % kChunksPerRow * kChunk))) =
-            cute::uint128_t{};
+        *reinterpret_cast<cute::uint128_t*>(
+            raw_pointer_cast(&sVs(first + i / kChunksPerRow, i % kChunksPerRow * kChunk))) = cute::uint128_t{};
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, Barrier::kVTail);
     };

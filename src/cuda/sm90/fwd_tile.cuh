@@ -17,11 +17,15 @@ struct FwdTile {
   SeqInfo seq;
   WindowMask mask;
   int rows_per_pos;
-  int m0;          // the tile's first row
+  int m0;            // the tile's first row
   BlockRange range;  // key blocks [lo, hi) the tile visits
 
   __device__ FwdTile(const FwdParams& p, const TileScheduler::Tile& tile)
-      : t(tile), seq(p, tile.batch), mask(p, seq), rows_per_pos(kPackGQA ? p.group : 1), m0(tile.m_block * kBlockM),
+      : t(tile),
+        seq(p, tile.batch),
+        mask(p, seq),
+        rows_per_pos(kPackGQA ? p.group : 1),
+        m0(tile.m_block * kBlockM),
         range(split_share(key_blocks(), p.num_splits, tile.split)) {}
 
   // Varlen: a sequence shorter than max_seqlen_q has no rows in its last tiles.
@@ -59,7 +63,8 @@ struct FwdTile {
 // Where packed row `row` (position * group + head-in-group) of a tile lives; unpacked: rows_per_pos = 1.
 struct PackedRow {
   int pos, head;
-  __device__ PackedRow(int row, int rows_per_pos, int head0) : pos(row / rows_per_pos), head(head0 + row % rows_per_pos) {}
+  __device__ PackedRow(int row, int rows_per_pos, int head0)
+      : pos(row / rows_per_pos), head(head0 + row % rows_per_pos) {}
 };
 
 }  // namespace flashattn::cuda::sm90

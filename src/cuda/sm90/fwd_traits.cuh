@@ -69,8 +69,7 @@ struct FwdTraits {
   static constexpr int kTileBytesQ = kWgRows * kHeadDim * int(sizeof(Element));  // one warpgroup's rows
   static constexpr int kTileBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
   static constexpr int kMaxSmemBytes = 227 * 1024;  // sm90 opt-in limit per CTA
-  static constexpr int kMainSmemBytes =
-      int(sizeof(Element)) * int(cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>);
+  static constexpr int kMainSmemBytes = int(sizeof(Element)) * int(cosize_v<SmemLayoutQ> + 2 * cosize_v<SmemLayoutK>);
   static constexpr int kBarrierSlack = 1024;  // pipelines' mbarriers + alignment
   // O gets its own tile when it fits: the next tile's Q load then overlaps this tile's epilogue. Otherwise
   // (d256, and d128 with 176-key blocks) each warpgroup stages O in its own Q rows.

@@ -16,9 +16,12 @@ using namespace cute;
 // backward passes half the head dim for K, whose MN-major view dQ slices there.
 template <class Element, int kCols>
 constexpr auto smem_atom_k_major() {
-  if constexpr (kCols % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
-  else if constexpr (kCols % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
-  else return GMMA::Layout_K_SW32_Atom<Element>{};
+  if constexpr (kCols % 64 == 0)
+    return GMMA::Layout_K_SW128_Atom<Element>{};
+  else if constexpr (kCols % 32 == 0)
+    return GMMA::Layout_K_SW64_Atom<Element>{};
+  else
+    return GMMA::Layout_K_SW32_Atom<Element>{};
 }
 
 // wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): value mode 0 holds two adjacent
@@ -34,8 +37,7 @@ template <class L>
 __device__ constexpr auto acc_as_a_operand(L l) {
   static_assert(decltype(size<2>(l))::value == 1);
   auto groups = logical_divide(layout<0, 2>(l), Layout<_2>{});  // (2, N/16)
-  return make_layout(make_layout(layout<0, 0>(l), layout<0, 1>(l), layout<0>(groups)), layout<1>(l),
-                     layout<1>(groups));
+  return make_layout(make_layout(layout<0, 0>(l), layout<0, 1>(l), layout<0>(groups)), layout<1>(l), layout<1>(groups));
 }
 
 // acc (+)= A.B over the K mode as a batch of wgmmas of one warpgroup, committed as one group: the caller waits

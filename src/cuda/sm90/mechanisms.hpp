@@ -14,7 +14,7 @@ struct SmemEpilogue {};      // O always leaves through shared memory (stmatrix 
 template <int N>
 struct KvStages {};  // K/V pipeline depth instead of the tile table's
 template <int N>
-struct KvBlock {};   // keys per main-loop step instead of the tile table's
+struct KvBlock {};  // keys per main-loop step instead of the tile table's
 
 template <class T>
 struct StagesOf : std::integral_constant<int, 0> {};
