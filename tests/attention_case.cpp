@@ -13,8 +13,8 @@ namespace flashattn::testing {
 
 std::string Case::name() const {
   std::ostringstream s;
-  s << dtype_name(dtype) << " B" << batch << " q" << seqlen_q << " k" << seqlen_k << " h" << heads_q << ":"
-    << heads_kv << " d" << head_dim;
+  s << dtype_name(dtype) << " B" << batch << " q" << seqlen_q << " k" << seqlen_k << " h" << heads_q << ":" << heads_kv
+    << " d" << head_dim;
   if (dv() != head_dim) s << "/" << dv();
   if (causal) s << (top_left ? " causal-tl" : " causal");
   if (window_left >= 0 || window_right >= 0) s << " win(" << window_left << "," << window_right << ")";
@@ -80,7 +80,8 @@ Problem::Problem(const Case& c_) : c(c_) {
   poison(&dk, size_t(total_k * c.heads_kv * hs_q) * e);
   poison(&dv, size_t(total_k * c.heads_kv * hs_v) * e);
   lse.assign(size_t(c.heads_q * total_q), std::nanf(""));
-  for (int64_t h = 0; h < c.heads_q; ++h) alibi.push_back(float(std::pow(2.0, -8.0 * double(h + 1) / double(c.heads_q))));
+  for (int64_t h = 0; h < c.heads_q; ++h)
+    alibi.push_back(float(std::pow(2.0, -8.0 * double(h + 1) / double(c.heads_q))));
   // Sink logits around the rows' LSEs (a few units for these unit-variance inputs): each matters, none dominates.
   for (int64_t h = 0; h < c.heads_q; ++h) sinks.push_back(float(-1.0 + 5.0 * double(h) / double(c.heads_q)));
   dsinks.assign(size_t(c.heads_q), std::nanf(""));
@@ -119,7 +120,8 @@ FwdParams Problem::fwd() const {
     a.max_seqlen_q = max_q;
     a.max_seqlen_k = max_k;
   }
-  if (!used_k.empty()) a.seqused_k = make_tensor(const_cast<int32_t*>(used_k.data()), FA_INT32, {int64_t(used_k.size())});
+  if (!used_k.empty())
+    a.seqused_k = make_tensor(const_cast<int32_t*>(used_k.data()), FA_INT32, {int64_t(used_k.size())});
   a.causal = c.causal;
   a.causal_alignment = c.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
   a.window_left = c.window_left;

@@ -72,6 +72,8 @@ std::string read_file(const std::string& path) {
 }
 
 // A named error: a known argument, a colon, the rule.
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
 bool named(const std::string& message) {
   static const char* kNames[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "cu_seqlens_q",
                                  "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
@@ -151,12 +153,15 @@ const std::vector<Mutation>& mutations() {
   };
   return m;
 }
+// clang-format on
 
 Case random_case(std::mt19937_64& rng) {
   auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
   Case c;
   c.seed = rng();
-  c.dtype = pick({FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16}) == FA_FLOAT32 ? FA_FLOAT32 : rng() % 2 ? FA_FLOAT16 : FA_BFLOAT16;
+  c.dtype = pick({FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16}) == FA_FLOAT32 ? FA_FLOAT32
+            : rng() % 2                                               ? FA_FLOAT16
+                                                                      : FA_BFLOAT16;
   c.heads_kv = pick({1, 2});
   c.heads_q = c.heads_kv * pick({1, 2, 3});
   c.head_dim = pick({8, 16, 24, 64});
@@ -222,8 +227,9 @@ int capi_case(uint64_t seed) {
   }
   FwdParams f = pr.fwd();
   BwdParams b = pr.bwd();
-  Call call = backward ? Call{&b.attn, {&b.attn.q, &b.attn.k, &b.attn.v, &b.out, &b.lse, &b.dout, &b.dq, &b.dk, &b.dv}, 6}
-                       : Call{&f.attn, {&f.attn.q, &f.attn.k, &f.attn.v, &f.out, &f.lse}, 3};
+  Call call = backward
+                  ? Call{&b.attn, {&b.attn.q, &b.attn.k, &b.attn.v, &b.out, &b.lse, &b.dout, &b.dq, &b.dk, &b.dv}, 6}
+                  : Call{&f.attn, {&f.attn.q, &f.attn.k, &f.attn.v, &f.out, &f.lse}, 3};
   if (m && !m->keeps_problem) m->apply(call, rng);
   Status st = backward ? flashattn::backward(b, pr.exec()) : flashattn::forward(f, pr.exec());
   if (!st.ok()) {
@@ -264,6 +270,8 @@ void run_capi(int64_t cases) {
 
 // ---------------------------------------------------------------- the CLI generator
 // `malformed` is set when some value is not a number of the option's kind: the tool must then refuse.
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
 std::vector<std::string> cli_args(std::mt19937_64& rng, bool* malformed) {
   auto any = [&](std::initializer_list<const char*> v) { return std::string(*(v.begin() + rng() % v.size())); };
   const char* bad_numbers[] = {"-1", "abc", "5x", "", "1e3", "0x10", "9223372036854775808", "-9223372036854775809",
@@ -309,6 +317,7 @@ std::vector<std::string> cli_args(std::mt19937_64& rng, bool* malformed) {
   if (rng() % 10 == 0) a.pop_back();  // an option without its value
   return a;
 }
+// clang-format on
 
 void run_cli(int64_t cases) {
   const uint64_t base = uint64_t(env_int("FA_FUZZ_SEED", 1));
@@ -339,8 +348,10 @@ void run_cli(int64_t cases) {
     if (why.empty() || why.rfind("exited with status", 0) == 0) {
       const bool failed = !why.empty();
       const int code = failed ? std::atoi(why.c_str() + std::strlen("exited with status ")) : 0;
-      if (code > 2) problem = why + " (only 0, 1 and 2 are expected)";
-      else if (malformed && !failed) problem = "a malformed number was accepted";
+      if (code > 2)
+        problem = why + " (only 0, 1 and 2 are expected)";
+      else if (malformed && !failed)
+        problem = "a malformed number was accepted";
       else if (failed && text.find("flashattn:") == std::string::npos && text.find("error") == std::string::npos)
         problem = "failed without a message";
       else if (text.find("check        : FAIL") != std::string::npos)

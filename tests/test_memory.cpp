@@ -26,8 +26,8 @@ TEST(Memory, ForwardBackwardExtraMemoryIsLinear) {
   const size_t at16k = fwd_bwd_peak_scratch(16384);
   const size_t at32k = fwd_bwd_peak_scratch(32768);
   const double n2_bytes = 32768.0 * 32768.0 * 4;
-  std::printf("peak scratch: 16k %.1f MB, 32k %.1f MB (an N^2 fp32 matrix at 32k: %.0f MB)\n", at16k / 1e6,
-              at32k / 1e6, n2_bytes / 1e6);
+  std::printf("peak scratch: 16k %.1f MB, 32k %.1f MB (an N^2 fp32 matrix at 32k: %.0f MB)\n", at16k / 1e6, at32k / 1e6,
+              n2_bytes / 1e6);
   // Doubling N at most doubles the scratch (plus per-thread tiles); quadratic growth would be 4x.
   EXPECT_LE(double(at32k), 2.2 * double(at16k));
   EXPECT_LT(double(at32k), n2_bytes / 64);

@@ -52,6 +52,8 @@ void expect_rule(const Case& c, const Rule& r) {
 
 TEST(Validation, TensorRules) {
   static float misaligned_storage[64];
+  // A hand-aligned case table: one case or rule per line.
+  // clang-format off
   const std::vector<Rule> rules = {
       {"null q", [](FwdParams& p) { p.attn.q.data = nullptr; }, FA_ERROR_INVALID_ARGUMENT, "q: null data pointer"},
       {"null k", [](FwdParams& p) { p.attn.k.data = nullptr; }, FA_ERROR_INVALID_ARGUMENT, "k: null data pointer"},
@@ -98,10 +100,13 @@ TEST(Validation, TensorRules) {
       {"lse shape", [](FwdParams& p) { p.lse.shape[2] = 8; }, FA_ERROR_INVALID_ARGUMENT,
        "lse: shape must be (1, 4, 9)"},
   };
+  // clang-format on
   for (const Rule& r : rules) expect_rule(base(), r);
 }
 
 TEST(Validation, ScalarAndMaskRules) {
+  // A hand-aligned case table: one case or rule per line.
+  // clang-format off
   const std::vector<Rule> rules = {
       {"scale zero", [](FwdParams& p) { p.attn.has_softmax_scale = 1; p.attn.softmax_scale = 0.f; },
        FA_ERROR_INVALID_ARGUMENT, "softmax_scale: must be finite and positive"},
@@ -124,12 +129,15 @@ TEST(Validation, ScalarAndMaskRules) {
       {"dropout range", [](FwdParams& p) { p.attn.dropout_p = 1.5f; }, FA_ERROR_INVALID_ARGUMENT,
        "dropout_p: must be in [0, 1)"},
   };
+  // clang-format on
   for (const Rule& r : rules) expect_rule(base(), r);
 }
 
 TEST(Validation, AlibiRules) {
   static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f};
   static int32_t ints[8] = {0};
+  // A hand-aligned case table: one case or rule per line.
+  // clang-format off
   const std::vector<Rule> rules = {
       {"alibi shape", [](FwdParams& p) { p.attn.alibi_slopes = make_tensor(slopes, FA_FLOAT32, {3}); },
        FA_ERROR_INVALID_ARGUMENT, "alibi_slopes: shape must be (4)"},
@@ -140,6 +148,7 @@ TEST(Validation, AlibiRules) {
       {"alibi batch", [](FwdParams& p) { p.attn.alibi_slopes = make_tensor(slopes, FA_FLOAT32, {2, 4}); },
        FA_ERROR_INVALID_ARGUMENT, "alibi_slopes: shape must be (1, 4)"},
   };
+  // clang-format on
   for (const Rule& r : rules) expect_rule(base(), r);
   Problem pr(base());
   FwdParams p = pr.fwd();
@@ -150,6 +159,8 @@ TEST(Validation, AlibiRules) {
 TEST(Validation, SinkRules) {
   static float sinks[8] = {0.5f, -1.f, 2.f, 0.f};
   static int32_t ints[8] = {0};
+  // A hand-aligned case table: one case or rule per line.
+  // clang-format off
   const std::vector<Rule> rules = {
       {"sinks shape", [](FwdParams& p) { p.attn.sinks = make_tensor(sinks, FA_FLOAT32, {3}); },
        FA_ERROR_INVALID_ARGUMENT, "sinks: shape must be (4)"},
@@ -158,6 +169,7 @@ TEST(Validation, SinkRules) {
       {"sinks rank", [](FwdParams& p) { p.attn.sinks = make_tensor(sinks, FA_FLOAT32, {1, 4}); },
        FA_ERROR_INVALID_ARGUMENT, "sinks: must have 1 dimensions"},
   };
+  // clang-format on
   for (const Rule& r : rules) expect_rule(base(), r);
   // dsinks needs sinks, and the right shape.
   Case c = base();
@@ -176,6 +188,8 @@ TEST(Validation, VarlenRules) {
   static float fcu[3] = {0, 4, 9};
   static int32_t used_bad[2] = {7, 1};
   static int32_t used_neg[2] = {-1, 1};
+  // A hand-aligned case table: one case or rule per line.
+  // clang-format off
   const std::vector<Rule> rules = {
       {"only q offsets", [](FwdParams& p) { p.attn.cu_seqlens_k.data = nullptr; }, FA_ERROR_INVALID_ARGUMENT,
        "cu_seqlens_k: varlen needs both"},
@@ -202,6 +216,7 @@ TEST(Validation, VarlenRules) {
       {"lse varlen shape", [](FwdParams& p) { p.lse.shape[1] = 3; }, FA_ERROR_INVALID_ARGUMENT,
        "lse: shape must be (4, 9)"},
   };
+  // clang-format on
   for (const Rule& r : rules) expect_rule(varlen_base(), r);
 }
 
@@ -273,9 +288,10 @@ TEST(Validation, EmptyProblemsAreValid) {
   for (float l : pr.lse) EXPECT_EQ(l, -INFINITY);
 }
 
-
 // Class 1 of issue 16: outputs sharing memory with inputs (or each other) gave wrong results.
 TEST(Validation, OutputsMustNotOverlap) {
+  // A hand-aligned case table: one case or rule per line.
+  // clang-format off
   const std::vector<Rule> rules = {
       {"out aliases v", [](FwdParams& p) { p.out.data = p.attn.v.data; }, FA_ERROR_INVALID_ARGUMENT,
        "out: must not overlap v in memory"},
@@ -289,6 +305,7 @@ TEST(Validation, OutputsMustNotOverlap) {
       {"out heads interleaved", [](FwdParams& p) { p.out.stride[2] = 8; }, FA_ERROR_INVALID_ARGUMENT,
        "out: elements overlap in memory"},
   };
+  // clang-format on
   for (const Rule& r : rules) expect_rule(base(), r);
 
   Problem pr(base());
@@ -357,6 +374,8 @@ TEST(Validation, InterleavedViewsAreNotOverlap) {
 // Class 2: sizes whose products wrap, and windows near INT64_MAX.
 TEST(Validation, SizesAndStridesMustNotOverflow) {
   const int64_t big = int64_t(1) << 32;
+  // A hand-aligned case table: one case or rule per line.
+  // clang-format off
   const std::vector<Rule> rules = {
       {"element count wraps to 0",
        [big](FwdParams& p) {
@@ -394,6 +413,7 @@ TEST(Validation, SizesAndStridesMustNotOverflow) {
        },
        FA_ERROR_INVALID_ARGUMENT, "k: seqlen_k must be at most 2^31 - 1 (got 4294967296)"},
   };
+  // clang-format on
   for (const Rule& r : rules) expect_rule(base(), r);
   const std::vector<Rule> varlen_rules = {
       {"max_seqlen_q huge", [](FwdParams& p) { p.attn.max_seqlen_q = INT64_MAX; }, FA_ERROR_INVALID_ARGUMENT,
@@ -409,8 +429,11 @@ TEST(Validation, SizesAndStridesMustNotOverflow) {
 TEST(Validation, HugeWindowsMeanUnbounded) {
   for (bool top_left : {false, true})
     for (auto [sq, sk] : {std::pair<int64_t, int64_t>{9, 11}, {11, 9}})
-      for (auto [left, right] : {std::pair<int64_t, int64_t>{INT64_MAX, INT64_MAX}, {INT64_MAX - 1, 2},
-                                 {3, INT64_MAX}, {11, 11}, {INT64_MAX, -1}}) {
+      for (auto [left, right] : {std::pair<int64_t, int64_t>{INT64_MAX, INT64_MAX},
+                                 {INT64_MAX - 1, 2},
+                                 {3, INT64_MAX},
+                                 {11, 11},
+                                 {INT64_MAX, -1}}) {
         Case c = base();
         c.seqlen_q = sq;
         c.seqlen_k = sk;

@@ -29,7 +29,6 @@ namespace ref = flashattn::reference;
 
 std::string bwd_case_name(const testing::TestParamInfo<Case>& i) { return i.param.name; }
 
-
 void run_backward_case(const Case& c) {
   CaseGeometry geo(c);  // non-const: the host reference reads cu_seqlens through void*
   auto& [varlen, batch, cu_q, cu_k, rows_q, rows_k, nb] = geo;
@@ -124,8 +123,8 @@ void run_backward_case(const Case& c) {
     return p;
   };
 
-  const Ptrs gpu{q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr, dv.ptr,
-                 dcu_q.ptr, dcu_k.ptr, dused.ptr, sl.ptr, dsink_logits.ptr, ddsinks.ptr};
+  const Ptrs gpu{q.ptr,  k.ptr,     v.ptr,     out.ptr,   lse.ptr, dout.ptr,         dq.ptr,     dk.ptr,
+                 dv.ptr, dcu_q.ptr, dcu_k.ptr, dused.ptr, sl.ptr,  dsink_logits.ptr, ddsinks.ptr};
   fa_bwd_params gp = make(FA_DEVICE_CUDA, gpu);
   fa_fwd_params fp{};
   fp.attn = gp.attn;
@@ -135,7 +134,8 @@ void run_backward_case(const Case& c) {
   exec.deterministic = c.deterministic;
   exec.backend = c.backend;
   const fa_status fwd_status = fa_forward(&fp, &exec);
-  if (fwd_status == FA_ERROR_UNSUPPORTED && c.backend == FA_BACKEND_CUDA_SM90 && sm90_unavailable_message(fa_last_error()))
+  if (fwd_status == FA_ERROR_UNSUPPORTED && c.backend == FA_BACKEND_CUDA_SM90 &&
+      sm90_unavailable_message(fa_last_error()))
     GTEST_SKIP() << fa_last_error();
   ASSERT_EQ(fwd_status, FA_OK) << fa_last_error();
   // Poison: all-ones bits are NaN in fp16 and bf16.
@@ -171,16 +171,16 @@ void run_backward_case(const Case& c) {
   std::vector<float> host_lse = lse.download();
   std::vector<uint16_t> unused_q(nq), unused_k(nk), unused_v(nv);
   std::vector<float> unused_dsinks(sink_logits.size());
-  const Ptrs host{hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(), hdo.data(), unused_q.data(),
-                  unused_k.data(), unused_v.data(), cu_q.data(), cu_k.data(), used.data(), slopes.data(),
-                  sink_logits.data(), unused_dsinks.data()};
+  const Ptrs host{hq.data(),   hk.data(),       hv.data(),       host_out.data(),    host_lse.data(),
+                  hdo.data(),  unused_q.data(), unused_k.data(), unused_v.data(),    cu_q.data(),
+                  cu_k.data(), used.data(),     slopes.data(),   sink_logits.data(), unused_dsinks.data()};
   fa_bwd_params hp = make(FA_DEVICE_CPU, host);
   Problem prob;
   const flashattn::detail::Requirements cpu_req{0, 1, true, "cpu"};
   auto e = flashattn::detail::validate(hp.attn, hp.out, hp.lse, &hp.dout, &hp.dq, &hp.dk, &hp.dv,
-                                       flashattn::detail::Direction::kBackward, cpu_req,
-                                       varlen ? cu_q.data() : nullptr, varlen ? cu_k.data() : nullptr,
-                                       used.empty() ? nullptr : used.data(), &prob, c.sinks ? &hp.dsinks : nullptr);
+                                       flashattn::detail::Direction::kBackward, cpu_req, varlen ? cu_q.data() : nullptr,
+                                       varlen ? cu_k.data() : nullptr, used.empty() ? nullptr : used.data(), &prob,
+                                       c.sinks ? &hp.dsinks : nullptr);
   ASSERT_TRUE(e.ok()) << e.message;
   ref::Grads exact, plain;
   // The float64 reference dominates the run time: the two roundings run side by side.
@@ -221,6 +221,8 @@ constexpr MaskKind kMasks[] = {{"none", false, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
                                {"causal_tl", true, FA_ALIGN_TOP_LEFT, -1, -1},
                                {"window", false, FA_ALIGN_BOTTOM_RIGHT, 37, 5}};
 
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
 std::vector<Case> backward_cases() {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}};
   const int64_t hdims[] = {64, 96, 128, 256, 64};
@@ -276,6 +278,7 @@ std::vector<Case> backward_cases() {
   }
   return v;
 }
+// clang-format on
 
 class Backward : public testing::TestWithParam<Case> {};
 TEST_P(Backward, MatchesReference) {
@@ -291,6 +294,8 @@ INSTANTIATE_TEST_SUITE_P(Sm90, Backward, testing::ValuesIn(for_backends(backward
 
 // The small subset for compute-sanitizer: each backward kernel (atomic and deterministic dQ, GQA reduce,
 // every compiled head dim) at sizes that run fast under instrumentation. Picked up by --gtest_filter='Sanitizer*'.
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
 std::vector<Case> backward_sanitizer_cases() {
   std::vector<Case> v;
   for (int64_t d : {64, 128, 256}) {
@@ -306,8 +311,10 @@ std::vector<Case> backward_sanitizer_cases() {
   c.name = "bwd_varlen_window_alibi_softcap_d72"; v.push_back(c);
   return v;
 }
+// clang-format on
 INSTANTIATE_TEST_SUITE_P(Sanitizer, Backward,
-                         testing::ValuesIn(for_backends(backward_sanitizer_cases(), {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90})),
+                         testing::ValuesIn(for_backends(backward_sanitizer_cases(),
+                                                        {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90})),
                          bwd_case_name);
 
 }  // namespace

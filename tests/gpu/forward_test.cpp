@@ -39,7 +39,6 @@ constexpr int kSampledRows = 200;
 
 std::string case_name(const testing::TestParamInfo<Case>& i) { return i.param.name; }
 
-
 fa_tensor vec_i32(void* data, fa_device dev, int64_t n) {
   fa_tensor t = fa_make_tensor(data, FA_INT32, dev, 1, &n);
   return t;
@@ -204,8 +203,10 @@ void run_case(const Case& c) {
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t k = 0; k < n_rows; ++k) {
     const Row& r = rows[size_t(k)];
-    ref::forward_row(prob, ref::Rounding::kExact, r.b, r.h, r.i, &exact_all[size_t(k * c.dv)], &lse_exact_all[size_t(k)]);
-    ref::forward_row(prob, ref::Rounding::kStorage, r.b, r.h, r.i, &plain_all[size_t(k * c.dv)], &lse_plain_all[size_t(k)]);
+    ref::forward_row(prob, ref::Rounding::kExact, r.b, r.h, r.i, &exact_all[size_t(k * c.dv)],
+                     &lse_exact_all[size_t(k)]);
+    ref::forward_row(prob, ref::Rounding::kStorage, r.b, r.h, r.i, &plain_all[size_t(k * c.dv)],
+                     &lse_plain_all[size_t(k)]);
   }
   Errors err;
   for (int64_t k = 0; k < n_rows; ++k) {
@@ -229,7 +230,8 @@ void run_case(const Case& c) {
     const double lo = lse[size_t(lse_off)];
     double lse_ours_err = 0, lse_plain_err = 0;
     if (std::isinf(lse_exact)) {
-      if (!(std::isinf(lo) && lo < 0)) row_ok = false, why = "fully masked row must have lse -inf, got " + std::to_string(lo);
+      if (!(std::isinf(lo) && lo < 0))
+        row_ok = false, why = "fully masked row must have lse -inf, got " + std::to_string(lo);
       if (row_ours != 0) row_ok = false, why = "fully masked row must be 0";
     } else {
       lse_ours_err = std::fabs(lo - lse_exact);
@@ -244,19 +246,21 @@ void run_case(const Case& c) {
     if (!row_ok) {
       ++err.bad_rows;
       if (err.first_bad.empty())
-        err.first_bad = "b" + std::to_string(r.b) + " h" + std::to_string(r.h) + " i" + std::to_string(r.i) + ": " + why;
+        err.first_bad =
+            "b" + std::to_string(r.b) + " h" + std::to_string(r.h) + " i" + std::to_string(r.i) + ": " + why;
     }
   }
   // Tolerances use the worst plain error over the checked rows (as the FlashAttention tests do per tensor).
   EXPECT_EQ(err.bad_rows, 0) << err.first_bad;
   EXPECT_LE(err.out_ours, 2 * err.out_plain + kOutFloor)
       << "out: ours " << err.out_ours << " plain " << err.out_plain << " over " << err.rows << " rows";
-  EXPECT_LE(err.lse_ours, 2 * err.lse_plain + kLseFloor)
-      << "lse: ours " << err.lse_ours << " plain " << err.lse_plain;
+  EXPECT_LE(err.lse_ours, 2 * err.lse_plain + kLseFloor) << "lse: ours " << err.lse_ours << " plain " << err.lse_plain;
   testing::Test::RecordProperty("out_err", std::to_string(err.out_ours));
   testing::Test::RecordProperty("out_plain_err", std::to_string(err.out_plain));
 }
 
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
 std::vector<Case> forward_cases() {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {1023, 1024}, {1024, 1023}};
   const int64_t hdims[] = {64, 128, 256, 72, 128, 64};
@@ -387,6 +391,7 @@ std::vector<Case> forward_cases() {
   }
   return v;
 }
+// clang-format on
 
 class Forward : public testing::TestWithParam<Case> {};
 TEST_P(Forward, MatchesReference) {
@@ -400,6 +405,8 @@ INSTANTIATE_TEST_SUITE_P(Sm90, Forward, testing::ValuesIn(for_backends(forward_c
 
 // The small subset for compute-sanitizer (memcheck, racecheck): every kernel path at sizes that run fast
 // under instrumentation. --gtest_filter='Sanitizer*'
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
 std::vector<Case> sanitizer_cases() {
   std::vector<Case> v;
   for (int64_t d : {64, 128, 256}) {
@@ -419,8 +426,10 @@ std::vector<Case> sanitizer_cases() {
   w.name = "split4_varlen_causal_d64"; v.push_back(w);
   return v;
 }
+// clang-format on
 INSTANTIATE_TEST_SUITE_P(Sanitizer, Forward,
-                         testing::ValuesIn(for_backends(sanitizer_cases(), {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90})),
+                         testing::ValuesIn(for_backends(sanitizer_cases(),
+                                                        {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90})),
                          case_name);
 
 // ----------------------------------------------------------------------------- CUDA-specific validation

@@ -33,15 +33,14 @@ inline bool sm90_required() {
   return v != nullptr && std::string(v) == "1";
 }
 inline bool sm90_unavailable_message(const std::string& msg) {
-  const bool unavailable = msg.find("needs a compute capability 9.0") != std::string::npos ||
-                           msg.find("no cuda-sm90") != std::string::npos;
+  const bool unavailable =
+      msg.find("needs a compute capability 9.0") != std::string::npos || msg.find("no cuda-sm90") != std::string::npos;
   return unavailable && !sm90_required();
 }
 
 inline const char* backend_label(fa_backend b) {
   return b == FA_BACKEND_CUDA_SM90 ? "cuda-sm90" : b == FA_BACKEND_CUDA_SM80 ? "cuda-sm80" : nullptr;
 }
-
 
 struct Case {
   std::string name;
@@ -51,12 +50,12 @@ struct Case {
   fa_causal_alignment align = FA_ALIGN_BOTTOM_RIGHT;
   int64_t wl = -1, wr = -1;
   float softcap = 0.f;
-  int alibi = 0;                 // 0 none, 1: (Hq), 2: (B, Hq)
-  std::vector<int> lens_q, lens_k;  // varlen when non-empty
-  std::vector<int> used_k;          // seqused_k when non-empty
-  bool nan_past_used = false;       // K/V rows past seqused_k hold NaN (unwritten cache slots must not leak)
-  int64_t row_pad = 0;              // extra elements per row (non-contiguous strides)
-  bool deterministic = false;        // backward: bit-identical reruns, no atomics
+  int alibi = 0;                         // 0 none, 1: (Hq), 2: (B, Hq)
+  std::vector<int> lens_q, lens_k;       // varlen when non-empty
+  std::vector<int> used_k;               // seqused_k when non-empty
+  bool nan_past_used = false;            // K/V rows past seqused_k hold NaN (unwritten cache slots must not leak)
+  int64_t row_pad = 0;                   // extra elements per row (non-contiguous strides)
+  bool deterministic = false;            // backward: bit-identical reruns, no atomics
   fa_backend backend = FA_BACKEND_AUTO;  // forward: which CUDA backend runs the case
   int num_splits = 0;                    // forward: exec.num_splits (0: the plan picks)
   bool sinks = false;                    // learnable sink logits, one per query head
@@ -78,12 +77,11 @@ inline std::vector<Case> for_backends(const std::vector<Case>& cases, std::initi
 // unpack it with a structured binding in member order.
 struct CaseGeometry {
   bool varlen;
-  int64_t batch;             // sequences
+  int64_t batch;  // sequences
   std::vector<int32_t> cu_q{0}, cu_k{0};
-  int64_t rows_q, rows_k;    // rows per batch entry (varlen: all rows)
-  int64_t nb;                // leading dim count of batched tensors (1 for varlen)
-  explicit CaseGeometry(const Case& c)
-      : varlen(!c.lens_q.empty()), batch(varlen ? int64_t(c.lens_q.size()) : c.batch) {
+  int64_t rows_q, rows_k;  // rows per batch entry (varlen: all rows)
+  int64_t nb;              // leading dim count of batched tensors (1 for varlen)
+  explicit CaseGeometry(const Case& c) : varlen(!c.lens_q.empty()), batch(varlen ? int64_t(c.lens_q.size()) : c.batch) {
     for (size_t b = 0; varlen && b < c.lens_q.size(); ++b) {
       cu_q.push_back(cu_q.back() + c.lens_q[b]);
       cu_k.push_back(cu_k.back() + c.lens_k[b]);
@@ -112,7 +110,9 @@ struct DeviceBuffer {
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void upload(const std::vector<T>& h) { ASSERT_EQ(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
+  void upload(const std::vector<T>& h) {
+    ASSERT_EQ(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
   std::vector<T> download() const {
     std::vector<T> h(n);
     EXPECT_EQ(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -122,7 +122,7 @@ struct DeviceBuffer {
 
 // A (rows..., heads, dim) tensor with row stride heads*dim + pad.
 inline fa_tensor view(void* data, fa_dtype dt, fa_device dev, bool varlen, int64_t batch, int64_t rows, int64_t heads,
-               int64_t dim, int64_t pad) {
+                      int64_t dim, int64_t pad) {
   fa_tensor t{};
   t.data = data;
   t.dtype = dt;
@@ -152,8 +152,8 @@ struct MaskKind {
 // Every (dtype, shape, mask) combination; shape i runs with head dim hdims[i]. Named
 // "<dtype>_<sq>x<sk>_d<d>_<mask>" so a failure names its case.
 template <size_t kShapes, size_t kMasks>
-std::vector<Case> shape_mask_grid(const std::pair<int64_t, int64_t> (&shapes)[kShapes],
-                                  const int64_t (&hdims)[kShapes], const MaskKind (&masks)[kMasks]) {
+std::vector<Case> shape_mask_grid(const std::pair<int64_t, int64_t> (&shapes)[kShapes], const int64_t (&hdims)[kShapes],
+                                  const MaskKind (&masks)[kMasks]) {
   std::vector<Case> v;
   for (fa_dtype dt : {FA_BFLOAT16, FA_FLOAT16})
     for (size_t si = 0; si < kShapes; ++si)

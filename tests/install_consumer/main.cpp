@@ -61,13 +61,14 @@ int main() {
   std::vector<double> want;
   reference(q, k, v, sq, sk, h, d, want);
   double err = 0.0;
-  for (size_t i = 0; i < out.size(); ++i) err = std::isnan(out[i]) ? INFINITY : std::fmax(err, std::fabs(out[i] - want[i]));
+  for (size_t i = 0; i < out.size(); ++i)
+    err = std::isnan(out[i]) ? INFINITY : std::fmax(err, std::fabs(out[i] - want[i]));
   bool lse_ok = true;
   for (float x : lse) lse_ok = lse_ok && std::isfinite(x);
   // float32 storage and accumulation against float64: a few float32 ulps of |out| <= 1.
   const double tol = 1e-5;
-  std::printf("flashattn consumer: backend %s, max error %.3g (tolerance %.1g), lse %s\n",
-              fa_backend_name(&p, &exec), err, tol, lse_ok ? "finite" : "NOT finite");
+  std::printf("flashattn consumer: backend %s, max error %.3g (tolerance %.1g), lse %s\n", fa_backend_name(&p, &exec),
+              err, tol, lse_ok ? "finite" : "NOT finite");
 
   // A broken rule comes back as a status and a message naming the argument, not an abort.
   p.attn.k.shape[2] = 3;  // heads of q (2) not a multiple of heads of k (3)

@@ -44,8 +44,10 @@ template <int kD, class Tiles, bool kCausal>
 cudaError_t fwd_launch(const fa::FwdParams& p, cudaStream_t s) {
   using Tr = sm80::FwdTraits<cutlass::bfloat16_t, kD, kCausal, Tiles>;
   const fa::FwdPlan plan = dev_plan<fa::FwdPlan, kD>(p);
-  if constexpr (kCausal) return sm80::launch_variant<Tr, fa::WindowMask>(p, plan, s);
-  else return sm80::launch_variant<Tr, fa::KeyLengthMask>(p, plan, s);
+  if constexpr (kCausal)
+    return sm80::launch_variant<Tr, fa::WindowMask>(p, plan, s);
+  else
+    return sm80::launch_variant<Tr, fa::KeyLengthMask>(p, plan, s);
 }
 
 template <int kD, class Tiles, bool kCausal>
@@ -54,8 +56,10 @@ cudaError_t bwd_launch(const sm80::BwdParams& p, cudaStream_t s) {
   if (cudaError_t e = sm80::bwd::launch_preprocess<FA_BFLOAT16>(p, s); e != cudaSuccess) return e;
   fa::BwdPlan plan = dev_plan<fa::BwdPlan, kD>(p);
   plan.deterministic = p.deterministic;
-  if constexpr (kCausal) return sm80::bwd::launch_main_and_dq<Tr, fa::WindowMask>(p, plan, s);
-  else return sm80::bwd::launch_main_and_dq<Tr, fa::KeyLengthMask>(p, plan, s);
+  if constexpr (kCausal)
+    return sm80::bwd::launch_main_and_dq<Tr, fa::WindowMask>(p, plan, s);
+  else
+    return sm80::bwd::launch_main_and_dq<Tr, fa::KeyLengthMask>(p, plan, s);
 }
 
 #define FWD(name, d, c, M, N, W) v.push_back({name, 0, d, c, M, &fwd_launch<d, FT<M, N, W>, bool(c)>, nullptr})
