@@ -194,6 +194,25 @@ def attn_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool, d
     return f * (2.5 if direction == "bwd" else 1.0)
 
 
+def kernel_times(fn, reps: int = 20) -> list:
+    """Each CUDA kernel's time per call of fn, as (name, microseconds) rows, longest first (torch.profiler over
+    `reps` calls after a warm-up): which kernels of one call cost what."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel: dict = {}
+    for e in prof.events():  # the kernels themselves, not the host ops that launched them
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / reps
+    return sorted(per_kernel.items(), key=lambda r: -r[1])
+
+
 def env_info() -> dict:
     info = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",

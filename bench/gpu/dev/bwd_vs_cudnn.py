@@ -14,24 +14,12 @@ import bench  # noqa: E402
 import common  # noqa: E402
 
 
-def kernel_shares(fn, base, calls: int = 10):
+def kernel_shares(fn, base):
     """Each kernel's CUDA time per call of fn (the preprocess, main and postprocess kernels of one backward)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    per_kernel: dict = {}
-    for e in prof.events():  # the kernels themselves, not the host ops that launched them
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / calls
-    rows = list(per_kernel.items())
+    rows = common.kernel_times(fn, reps=10)
     total = sum(t for _, t in rows)
     tag = " ".join(f"{k}={v}" for k, v in base.items())
-    for name, t in sorted(rows, key=lambda r: -r[1]):
+    for name, t in rows:
         print(f"  profile {tag}: {t:8.1f} us {100 * t / total:5.1f}%  {name[:90]}", flush=True)
 
 

@@ -3,29 +3,17 @@ to see which of the kernels (preprocess, dQ zeroing, main, dQ convert) makes a d
 
     python3 profile_bwd.py LIB hdim causal seqlen [variant-name-substring]
 """
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
 from sm80_tiles import load
 
-
-def kernel_times(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        if e.device_type.name == "CUDA" and e.count >= reps:
-            rows.append((e.key[:90], e.device_time_total / reps))
-    return sorted(rows, key=lambda r: -r[1])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from common import kernel_times  # noqa: E402  (bench/gpu/common.py)
 
 
 def main():
@@ -56,7 +44,7 @@ def main():
         rows = kernel_times(fn)
         print(f"# {name} d{d} causal {causal} seqlen {s}: total {sum(t for _, t in rows):.1f} us")
         for key, t in rows:
-            print(f"  {t:9.1f} us  {key}")
+            print(f"  {t:9.1f} us  {key[:90]}")
 
 
 if __name__ == "__main__":
