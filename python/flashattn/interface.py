@@ -282,9 +282,51 @@ def _result(out, lse, return_attn_probs):
     return (out, lse, None) if return_attn_probs else out
 
 
-def _no_block_table(block_table):
-    if block_table is not None:
-        raise NotImplementedError("block_table: the paged KV cache is not supported by flashattn (pass None)")
+def _fail(argument: str, rule: str):
+    raise ValueError(f"{argument}: {rule}")
+
+
+def _gather_pages(k: Tensor, v: Tensor, block_table: Tensor, cu_seqlens_k: Tensor) -> Tuple[Tensor, Tensor]:
+    """flash_attn's paged varlen K/V as packed varlen rows: k, v (num_pages, page_size, Hkv, D/Dv); key t of
+    sequence b is slot t % page_size of page block_table[b, t // page_size], and sequence b has
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys. The kernels read packed rows, so the used slots are gathered (one
+    read and write of those keys; an index operation, so autograd reaches the pages). Reads cu_seqlens_k and the
+    used page indices on the host, as the varlen path does anyway."""
+    if k.dim() != 4 or v.dim() != 4:
+        _fail("k" if k.dim() != 4 else "v", "with block_table must be (num_pages, page_size, heads_kv, head_dim)")
+    if v.shape[:3] != k.shape[:3]:
+        _fail("v", f"with block_table must have k's pages, page size and heads {tuple(k.shape[:3])}")
+    if not isinstance(block_table, Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
+        _fail("block_table", "must be a 2-D int32 tensor (batch, max_pages)")
+    if block_table.device != k.device:
+        _fail("block_table", f"must be on k's device ({k.device}, got {block_table.device})")
+    if cu_seqlens_k.dim() != 1 or cu_seqlens_k.dtype != torch.int32 or cu_seqlens_k.device != k.device:
+        _fail("cu_seqlens_k", f"must be a 1-D int32 tensor on k's device ({k.device})")
+    batch = cu_seqlens_k.shape[0] - 1
+    if block_table.shape[0] != batch:
+        _fail("block_table", f"must have a row per sequence ({batch}, got {block_table.shape[0]})")
+    num_pages, page_size = k.shape[0], k.shape[1]
+    cu = cu_seqlens_k.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    pages_used = (lens + page_size - 1) // page_size
+    first, total, shortest, most_pages = torch.stack(
+        (cu[0], cu[-1], lens.min(), pages_used.max()) if batch > 0 else (cu[0], cu[-1], cu[0], cu[0])).tolist()
+    if first != 0:
+        _fail("cu_seqlens_k", f"must start at 0 (got {first})")
+    if shortest < 0:
+        _fail("cu_seqlens_k", "must be non-decreasing")
+    if page_size < 1:
+        _fail("k", "with block_table needs pages of at least one slot")
+    if most_pages > block_table.shape[1]:
+        _fail("block_table", f"has {block_table.shape[1]} pages per sequence; a sequence of cu_seqlens_k needs "
+                             f"{most_pages} pages of {page_size}")
+    seq = torch.repeat_interleave(torch.arange(batch, device=k.device), lens, output_size=total)
+    pos = torch.arange(total, device=k.device) - cu[:-1][seq]
+    page = block_table.to(torch.int64)[seq, torch.div(pos, page_size, rounding_mode="floor")]
+    if total > 0 and bool(((page < 0) | (page >= num_pages)).any()):
+        _fail("block_table", f"page indices of used pages must be in [0, {num_pages})")
+    rows = page * page_size + pos % page_size
+    return k.flatten(0, 1)[rows], v.flatten(0, 1)[rows]
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -332,11 +374,14 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            learnable_sink: Optional[Tensor] = None) -> Result:
     """Variable-length batch: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), int32 cu_seqlens (B + 1).
 
-    As flash_attn.flash_attn_varlen_func (block_table is not supported). Extensions: ``causal_alignment``,
-    and ``seqused_k`` (int32 (B): keys used per sequence). softmax_lse is (Hq, Tq).
-    Not capturable in a CUDA graph: cu_seqlens are copied to the host for validation.
+    As flash_attn.flash_attn_varlen_func, paged K/V included: with ``block_table`` (B, max_pages) int32, k and v
+    are (num_pages, page_size, Hkv, D/Dv) of any page size, sequence b's keys are the first
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b] slots of its pages, and gradients reach the pages. Extensions:
+    ``causal_alignment``, and ``seqused_k`` (int32 (B): keys used per sequence). softmax_lse is (Hq, Tq).
+    Not capturable in a CUDA graph: cu_seqlens (and, paged, the used page indices) are read on the host.
     """
-    _no_block_table(block_table)
+    if block_table is not None:
+        k, v = _gather_pages(k, v, block_table, cu_seqlens_k)
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
                           softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment,
                           learnable_sink)

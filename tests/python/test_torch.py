@@ -10,6 +10,7 @@ plain implementation in the storage dtype (torch math in that dtype) against flo
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -298,9 +299,6 @@ def test_unsupported_arguments_raise():
         qc = q.detach().cuda().to(torch.bfloat16)
         with pytest.raises(NotImplementedError, match="dropout_p"):
             flash_attn_func(qc, qc, qc, dropout_p=0.1)
-    cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 4, 4, block_table=torch.zeros(1, 1, dtype=torch.int32))
     big = make((1, 4, 1, 264), torch.float32, "cpu", 15)
     with pytest.raises(ValueError, match="head_dim"):
         flash_attn_func(big, big, big)
@@ -586,3 +584,79 @@ def test_dropout_cpu(causal, p):
     assert torch.equal(flash_attn_func(q, k, v, dropout_p=p, causal=causal), out)
     torch.manual_seed(6)
     assert not torch.equal(flash_attn_func(q, k, v, dropout_p=p, causal=causal), out)
+
+
+def paged_from_packed(k, v, cu, page_size, gen):
+    """A paged cache holding packed varlen k, v (T, H, D): each sequence's keys in its own random pages (some
+    pages unused, the rest filled with noise), and the block table; pages per sequence padded with -1."""
+    lens = (cu[1:] - cu[:-1]).tolist()
+    pages = [(n + page_size - 1) // page_size for n in lens]
+    num_pages = sum(pages) + 3
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    kc = torch.randn((num_pages, page_size) + k.shape[1:], generator=gen).to(k.dtype)
+    vc = torch.randn((num_pages, page_size) + v.shape[1:], generator=gen).to(v.dtype)
+    table = torch.full((len(lens), max(pages) + 1), -1, dtype=torch.int32)
+    for b, n in enumerate(lens):
+        for t in range(n):
+            page = order[sum(pages[:b]) + t // page_size]
+            table[b, t // page_size] = page
+            kc[page, t % page_size] = k[int(cu[b]) + t]
+            vc[page, t % page_size] = v[int(cu[b]) + t]
+    return kc, vc, table
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_paged_equals_packed(page_size, causal):
+    """flash_attn_varlen_func with a block_table reads the same keys as the packed call (bit-equal outputs) and
+    sends the packed call's key/value gradients to the pages' slots (zero elsewhere)."""
+    gen = torch.Generator().manual_seed(page_size * 2 + causal)
+    lens_q, lens_k = [3, 0, 7, 5, 2], [9, 4, 7, 17, 0]  # an empty query and an empty key sequence
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), 4, 16, generator=gen)
+    k, v = torch.randn(sum(lens_k), 2, 16, generator=gen), torch.randn(sum(lens_k), 2, 16, generator=gen)
+    kc, vc, table = paged_from_packed(k, v, cu_k, page_size, gen)
+    qp, kp, vp = (t.clone().requires_grad_() for t in (q, k, v))
+    kcp, vcp, qq = kc.clone().requires_grad_(), vc.clone().requires_grad_(), q.clone().requires_grad_()
+    ref = flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+    out = flash_attn_varlen_func(qq, kcp, vcp, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                 block_table=table)
+    assert torch.equal(out, ref)
+    dout = torch.randn(out.shape, generator=gen)
+    ref.backward(dout)
+    out.backward(dout)
+    assert torch.equal(qq.grad, qp.grad)
+    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(lens_k):
+        for t in range(n):
+            used[table[b, t // page_size], t % page_size] = True
+    for got, packed in ((kcp.grad, kp.grad), (vcp.grad, vp.grad)):
+        assert torch.equal(got[~used], torch.zeros_like(got[~used]))
+        rows = torch.cat([torch.stack([got[table[b, t // page_size], t % page_size] for t in range(n)])
+                          for b, n in enumerate(lens_k) if n > 0])
+        assert torch.equal(rows, packed)
+
+
+def test_varlen_paged_errors_name_the_argument():
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    q = torch.randn(9, 2, 16)
+    kc, vc = torch.randn(4, 4, 2, 16), torch.randn(4, 4, 2, 16)
+    table = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
+    assert flash_attn_varlen_func(q, kc, vc, cu, cu, 5, 5, block_table=table).shape == (9, 2, 16)
+    bad = [
+        (dict(block_table=table.long()), "block_table: must be a 2-D int32"),
+        (dict(block_table=table[:1]), "block_table: must have a row per sequence"),
+        (dict(block_table=table[:, :1]), "block_table: has 1 pages per sequence"),
+        (dict(block_table=torch.tensor([[0, 9], [2, -1]], dtype=torch.int32)), r"block_table: page indices"),
+        (dict(block_table=torch.tensor([[0, 1], [-1, 2]], dtype=torch.int32)), r"block_table: page indices"),
+        (dict(k=kc[0], block_table=table), "k: with block_table must be"),
+        (dict(v=vc[:, :3], block_table=table), "v: with block_table must have"),
+    ]
+    for kwargs, message in bad:
+        args = dict(q=q, k=kc, v=vc, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=5, max_seqlen_k=5)
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=message):
+            flash_attn_varlen_func(**args)
+    with pytest.raises(ValueError, match="cu_seqlens_k: must start at 0"):
+        flash_attn_varlen_func(q[1:], kc, vc, cu - 1, cu - 1, 5, 5, block_table=table)
