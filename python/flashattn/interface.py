@@ -283,6 +283,7 @@ def _result(out, lse, return_attn_probs):
 
 
 def _fail(argument: str, rule: str):
+    """A named error of the Python layer ("argument: rule", the core's form)."""
     raise ValueError(f"{argument}: {rule}")
 
 

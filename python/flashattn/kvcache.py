@@ -25,15 +25,11 @@ import torch
 from torch import Tensor
 
 from . import _C
-from .interface import AttnOptions, _call, _pad_head_dim
+from .interface import AttnOptions, _call, _fail, _pad_head_dim
 from .ops import _export as _dl
 from .ops import window_pair
 
 __all__ = ["flash_attn_with_kvcache"]
-
-
-def _fail(argument: str, rule: str):
-    raise ValueError(f"{argument}: {rule}")
 
 
 def _check_int32_vector(name: str, t: Tensor, batch: int, device: torch.device) -> None:
