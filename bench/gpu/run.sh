@@ -66,6 +66,11 @@ DEADLINE=$(( T0 + BUDGET ))
 left() { local l=$(( DEADLINE - $(date +%s) - $1 )); (( l < $2 )) && l=$2; echo $l; }
 STATUS=0
 skip() { [[ ",$SKIP," == *",$1,"* ]]; }
+# Seconds the correctness steps leave for the benchmarks: none when they are skipped; FLASHATTN_BENCH_ARGS (extra
+# bench.py arguments, e.g. --decode-only) with FLASHATTN_BENCH_RESERVE (default 90) for a partial benchmark.
+if skip bench; then BENCH_RESERVE=0
+elif [[ -n ${FLASHATTN_BENCH_ARGS:-} ]]; then BENCH_RESERVE=${FLASHATTN_BENCH_RESERVE:-90}
+else BENCH_RESERVE=180; fi
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 json_str() { "$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$1"; }
 
@@ -259,7 +264,7 @@ if ! skip ctest && [[ -f $BUILD/CTestTestfile.cmake ]]; then
   GPU_CT_WHAT="ctest ${GPU_SEL[*]}"
   stamp "$GPU_CT_WHAT (in the background)" | tee -a "$CHECK_LOG"
   # Per-test timeout: what is left once the benchmarks (3 min) are reserved, so a hung kernel cannot eat the run.
-  ( ctest --test-dir "$BUILD" "${GPU_SEL[@]}" --output-on-failure --timeout "$(left 180 60)" >"$WORK/ctest_gpu.log" 2>&1
+  ( ctest --test-dir "$BUILD" "${GPU_SEL[@]}" --output-on-failure --timeout "$(left $BENCH_RESERVE 60)" >"$WORK/ctest_gpu.log" 2>&1
     echo $? >"$WORK/ctest_gpu.rc" ) &
   CTEST_PID=$!
 fi
@@ -272,7 +277,7 @@ finish_ctest() {
   # The fast tier only: the deep tier (CpuDeep, the fuzz's 10^4 cases) is scripts/run_tests.sh --deep's, and timed
   # out inside this harness's budget (bench/results/2026-12-01_h200_session7/check.log).
   stamp "ctest -LE gpu -L fast (CPU suites)" | tee -a "$CHECK_LOG"
-  ctest --test-dir "$BUILD" -LE gpu -L fast -j "$JOBS" --output-on-failure --timeout "$(left 180 30)" >"$WORK/ctest_cpu.log" 2>&1 ||
+  ctest --test-dir "$BUILD" -LE gpu -L fast -j "$JOBS" --output-on-failure --timeout "$(left $BENCH_RESERVE 30)" >"$WORK/ctest_cpu.log" 2>&1 ||
     STATUS=1
   tail -n 40 "$WORK/ctest_cpu.log" >>"$CHECK_LOG"
   CPU_CT=$(ctest_summary "$WORK/ctest_cpu.log")
@@ -282,7 +287,7 @@ finish_ctest() {
 # ------------------------------------------------------------------ b. Python GPU suite
 if ! skip check; then
   stamp "check.py $QFLAG" | tee -a "$CHECK_LOG"
-  timeout "$(left 240 60)" "$PY" "$HERE/check.py" $QFLAG --json "$WORK/check.json" >>"$CHECK_LOG" 2>&1 || STATUS=1
+  timeout "$(left $(( BENCH_RESERVE + 60 )) 60)" "$PY" "$HERE/check.py" $QFLAG --json "$WORK/check.json" >>"$CHECK_LOG" 2>&1 || STATUS=1
   stamp "$(grep -E '^# check:' "$CHECK_LOG" | tail -1)"
 fi
 
@@ -293,12 +298,14 @@ PYTEST="not run"
 if ! skip pytest && [[ -n ${PYROOT:-} && -d $REPO/tests/python ]]; then
   stamp "pytest tests/python" | tee -a "$CHECK_LOG"
   # Without the Python fuzz (CPU-only bad input, one interpreter per case: CI runs it): it doubled this step.
-  (cd "$REPO" && timeout "$(left 240 60)" "$PY" -m pytest tests/python -q -rs -p no:cacheprovider \
+  # -v: one line per test as it ends, so that a run cut by its timeout still names what passed and failed.
+  (cd "$REPO" && timeout "$(left $(( BENCH_RESERVE + 60 )) 60)" "$PY" -m pytest tests/python -v -rfEs --durations=15 -p no:cacheprovider \
      --deselect tests/python/test_bad_input.py::test_fuzz) \
     >"$WORK/pytest.log" 2>&1 || STATUS=1
   cat "$WORK/pytest.log" >>"$CHECK_LOG"
   PYTEST=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$WORK/pytest.log" | tail -1 | tr -d '=' | xargs)
   stamp "pytest: ${PYTEST:-no summary (see check.log)}" | tee -a "$CHECK_LOG"
+  grep -E " (FAILED|ERROR)( |$)|^(FAILED|ERROR) " "$WORK/pytest.log" | head -20
 fi
 
 # ------------------------------------------------------------------ c. compute-sanitizer
@@ -445,7 +452,7 @@ echo "{\"gpu\": $(json_str "$GPU_CT"), \"cpu\": $(json_str "$CPU_CT"), \"pytest\
 if ! skip bench; then
   stamp "bench.py $QFLAG $ABLATIONS" | tee -a "$BENCH_LOG"
   # bench.py stops adding shapes at its deadline (the report needs ~15 s); timeout is the backstop.
-  timeout "$(left 5 30)" "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG $ABLATIONS \
+  timeout "$(left 5 30)" "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG $ABLATIONS ${FLASHATTN_BENCH_ARGS:-} \
     --deadline $(( DEADLINE - 15 )) \
     >>"$BENCH_LOG" 2>&1 || STATUS=1
   stamp "$(tail -1 "$BENCH_LOG")"

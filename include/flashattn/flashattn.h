@@ -25,6 +25,14 @@
  * so far (CUDA: FA_ERROR_UNSUPPORTED).
  * A window side of at least the longest sequence (query or key) means the same as -1, so any int64 is safe.
  *
+ * Paged K/V (attn.block_table, forward of batched calls): k (num_pages, page_size, Hkv, D) and v (num_pages,
+ * page_size, Hkv, Dv) hold pages of any page_size >= 1; key j of sequence b is slot j % page_size of page
+ * block_table[b][j / page_size]. The key length is max_pages * page_size, or seqused_k[b] keys when given (the
+ * cache_seqlens of flash_attn_with_kvcache). Page indices of the pages a sequence reads must be in [0,
+ * num_pages): checked on the host for CPU calls; CUDA calls do not read the table on the host (no
+ * synchronisation, graph-capturable) and read an out-of-range page as zeros, never memory outside k and v.
+ * Entries past a sequence's last used page are never read. Not with cu_seqlens (varlen) or in the backward.
+ *
  * Bad input is an error, never a crash or a wrong answer:
  *   - Outputs (out, lse; dq, dk, dv, dsinks) may share no memory with an input, another output or themselves (no
  *     in-place attention): FA_ERROR_INVALID_ARGUMENT names both tensors. Views that interleave in one buffer
@@ -94,6 +102,7 @@ typedef struct fa_attention {
   float dropout_p;                       /* probability of dropping each attention probability, [0, 1); see below */
   fa_tensor sinks;                       /* optional float32 (Hq): learnable sink logits (see Semantics) */
   uint64_t dropout_seed, dropout_offset; /* dropout: the mask is a function of (seed, offset, b, h, i, j) */
+  fa_tensor block_table;                 /* optional int32 (B, max_pages): paged K/V (see Paged K/V below) */
 } fa_attention;
 
 /* How to run it. */

@@ -5,9 +5,11 @@ One call (i) rotates q and the new keys (rotary embedding, interleaved or half-s
 (contiguous or paged cache), (iii) attends q to the first ``cache_seqlens + new`` keys of each sequence.
 
 The attention reads a contiguous cache in place (its valid length is the kernel's ``seqused_k``), with split-KV
-for decode on cuda-sm90. A paged cache (``block_table``), ``cache_batch_idx`` and ``cache_leftpad`` are gathered
-into a contiguous copy of the keys each sequence uses before the kernel runs (one extra read and write of those
-keys): the load collective does not read pages yet. The rotary step and the cache write are torch operations.
+for decode on cuda-sm90, and a paged cache (``block_table``) through the C ABI's paged K/V: the sm90 load
+collective reads the pages with TMA when the page size is a multiple of 16, other page sizes and the sm80 kernels
+read a gathered copy the library makes (flashattn.h, Paged K/V). ``cache_batch_idx`` and ``cache_leftpad``, and
+paged caches under torch.compile or with head dims that need padding, are gathered here into a contiguous copy of
+the keys each sequence uses. The rotary step and the cache write are torch operations.
 
 Checks that need the values of device tensors (``cache_seqlens`` + new tokens within the cache, page indices
 within the cache) run in eager calls that append or gather (one host synchronisation for all of them) and are
@@ -184,7 +186,10 @@ def flash_attn_with_kvcache(
     # Checks on device values, in eager calls that write the cache or gather from it (one host synchronisation
     # for all of them). A plain decode call (contiguous cache, nothing appended) reads none: the kernels clamp
     # each sequence's key count to the cache.
-    gathers = paged or cache_batch_idx is not None or cache_leftpad is not None
+    # Paged caches are read by the library itself (the C ABI's block_table) in eager calls whose head dims need no
+    # padding: the CUDA kernels read an out-of-range page as zeros, so only an append (a write) checks the table.
+    native_paged = paged and not torch.compiler.is_compiling() and head_dim % 8 == 0 and head_dim_v % 8 == 0
+    gathers = (paged and not native_paged) or cache_batch_idx is not None or cache_leftpad is not None
     if (new > 0 or gathers) and _values_checkable():
         checks = [("cache_seqlens", seqlens < 0, "entries must be >= 0"),
                   ("cache_seqlens", seqlens + new > capacity,
@@ -200,8 +205,11 @@ def flash_attn_with_kvcache(
             checks.append(("rotary_cos", reach > rotary_cos.shape[0],
                            f"has {rotary_cos.shape[0]} positions, fewer than the rotated tokens reach"))
         if paged:
-            used_pages = (seqlens + new + page_size - 1) // page_size  # pages each sequence reads or writes
-            live = torch.arange(block_table.shape[1], device=device)[None, :] < used_pages[:, None]
+            # The pages each sequence reads or writes; read natively, only the pages the new tokens are written to.
+            first = seqlens // page_size if native_paged else torch.zeros_like(seqlens)
+            last = (seqlens + new + page_size - 1) // page_size
+            idx = torch.arange(block_table.shape[1], device=device)[None, :]
+            live = (idx >= first[:, None]) & (idx < last[:, None])
             checks.append(("block_table", live & ((block_table < 0) | (block_table >= k_cache.shape[0])),
                            f"page indices of used pages must be in [0, {k_cache.shape[0]})"))
         failed = torch.stack([bad.any() for _, bad, _ in checks]).tolist()
@@ -233,7 +241,9 @@ def flash_attn_with_kvcache(
     used = seqlens + new if new else seqlens  # keys each sequence attends to (before leftpad)
 
     # (iii) attention over the valid keys.
-    if paged:
+    if native_paged:
+        k_keys, v_keys = k_cache, v_cache
+    elif paged:
         # Entries past a sequence's used pages may hold anything (their keys are past seqused_k): any valid page.
         table = block_table.to(torch.int64).clamp(0, k_cache.shape[0] - 1)
         k_keys = k_cache[table].flatten(1, 2)  # (B, max_pages * page_size, Hkv, D)
@@ -268,7 +278,8 @@ def flash_attn_with_kvcache(
         lse = q_in.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
         _call(_C.forward, q_in, _dl(q_in), _dl(k_in), _dl(v_in), _dl(out), _dl(lse), seqused_k=_dl(used),
               softmax_scale=scale, causal=False, window_left=left, window_right=right, softcap=float(softcap),
-              alibi_slopes=_dl(alibi_slopes), num_splits=num_splits)
+              alibi_slopes=_dl(alibi_slopes), num_splits=num_splits,
+              block_table=_dl(block_table) if native_paged else None)
     if out.shape[-1] != head_dim_v:
         out = out[..., :head_dim_v]
     return (out, lse) if return_softmax_lse else out

@@ -59,6 +59,7 @@ std::string dtype_name(nb::dlpack::dtype t) {
 std::string dtype_rule(const std::string& name) {
   if (name == "cu_seqlens_q" || name == "cu_seqlens_k") return "int32 (prefix sums of sequence lengths)";
   if (name == "seqused_k") return "int32 (keys used per sequence)";
+  if (name == "block_table") return "int32 (page indices)";
   if (name == "alibi_slopes") return "float32 (one slope per head)";
   if (name == "lse") return "float32 (log-sum-exp per query row)";
   return "float32, float16 or bfloat16";
@@ -157,12 +158,13 @@ void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut
              const OptIn& cu_seqlens_k, const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
              int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks,
-             uint64_t dropout_seed, uint64_t dropout_offset, int num_splits, int backend, int num_threads,
-             uintptr_t stream) {
+             uint64_t dropout_seed, uint64_t dropout_offset, int num_splits, const OptIn& block_table, int backend,
+             int num_threads, uintptr_t stream) {
   fa_fwd_params p{};
   p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                      causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed,
                      dropout_offset);
+  p.attn.block_table = view("block_table", block_table);  // forward only: paged K/V (flashattn.h)
   p.out = view("out", out);
   p.lse = view("lse", lse);
   const fa_exec e = execution(backend, num_threads, stream, false, num_splits);
@@ -242,7 +244,8 @@ NB_MODULE(_C, m) {
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
         nb::arg("alibi_slopes").none() = nb::none(), nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(),
         nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("num_splits") = 0,
-        nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0, nb::arg("stream") = 0,
+        nb::arg("block_table").none() = nb::none(), nb::arg("backend") = int(FA_BACKEND_AUTO),
+        nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "fa_forward: writes out (and lse when given). Layouts, semantics and errors as in flashattn.h.\n"
         "stream is a cudaStream_t as an integer (0 = default stream), ignored for CPU arrays.");
 

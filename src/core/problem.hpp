@@ -30,6 +30,7 @@ Error backend_error(const std::string& what);
 struct RowLayout {
   int64_t batch = 0, row = 0, head = 0;
   bool by_key = false;  // varlen rows indexed by cu_seqlens_k (k, v, dk, dv) rather than cu_seqlens_q
+  bool paged = false;   // k, v of a paged call: `batch` is the page stride, rows go through the block table
 };
 
 // What a backend can take; the shared validation enforces it so that every backend reports the same way.
@@ -69,6 +70,13 @@ struct Problem {
   const int32_t* seqused_k = nullptr;
   std::vector<int32_t> host_cu_q, host_cu_k, host_used_k;
 
+  // Paged K/V (flashattn.h): key j of sequence b is slot j % page_size of page block_table[b * block_table_stride
+  // + j / page_size]; seqlen_k is max_pages * page_size. The table is device memory for CUDA calls (never read on
+  // the host), host memory for CPU calls (validated there).
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0, page_size = 0, num_pages = 0, max_pages = 0;
+  bool paged() const { return block_table != nullptr; }
+
   float scale = 1.f;
   float softcap = 0.f;
   bool causal = false;
@@ -92,6 +100,10 @@ struct Problem {
   // Element offset of (b, row r, head h) for a tensor with this layout.
   // (lse is (B, Hq, Sq) or (Hq, Tq); its RowLayout says so.)
   int64_t offset(const RowLayout& l, int64_t b, int64_t r, int64_t h) const {
+    if (l.paged) {
+      const int64_t page = block_table[b * block_table_stride + r / page_size];
+      return page * l.batch + (r % page_size) * l.row + h * l.head;
+    }
     if (!varlen) return b * l.batch + r * l.row + h * l.head;
     return (int64_t(l.by_key ? host_cu_k[b] : host_cu_q[b]) + r) * l.row + h * l.head;
   }

@@ -257,6 +257,13 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   const bool varlen = has_cu_q;
   const int nd = varlen ? 3 : 4;
   const int hd = nd - 2;  // index of the heads dimension
+  const bool paged = a.block_table.data != nullptr;
+  if (paged && varlen)
+    return unsupported(
+        "block_table: paged K/V is not supported with cu_seqlens (varlen calls: flash_attn_varlen_func gathers "
+        "the pages)");
+  if (paged && dir == Direction::kBackward)
+    return unsupported("block_table: the backward reads contiguous K/V (paged K/V is forward only, as in flash_attn)");
 
   if (Error e = check_tensor("q", a.q, nd, a.q, true, req); !e.ok()) return e;
   if (a.q.dtype != FA_FLOAT32 && a.q.dtype != FA_FLOAT16 && a.q.dtype != FA_BFLOAT16)
@@ -320,6 +327,33 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     p->seqlen_k = a.max_seqlen_k;
     p->cu_seqlens_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
     p->cu_seqlens_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
+  } else if (paged) {
+    // k, v: (num_pages, page_size, Hkv, D); the table maps each sequence's key blocks to pages.
+    p->batch = a.q.shape[0];
+    p->seqlen_q = a.q.shape[1];
+    const fa_tensor& t = a.block_table;
+    const Requirements plain{0, 1, true, req.name};
+    if (Error e = check_tensor("block_table", t, 2, a.q, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("block_table", t, FA_INT32, "(page indices)"); !e.ok()) return e;
+    if (t.shape[0] != p->batch)
+      return invalid("block_table", "must have one row per batch entry of q (" + std::to_string(p->batch) +
+                                        ", got shape " + shape_str(t) + ")");
+    if (t.shape[1] < 1 && p->batch > 0)
+      return invalid("block_table", "must have at least one page per sequence (got shape " + shape_str(t) + ")");
+    if (a.k.shape[1] < 1) return invalid("k", "page_size (dimension 1 of a paged k) must be >= 1 (got 0)");
+    p->page_size = a.k.shape[1];
+    p->num_pages = a.k.shape[0];
+    p->max_pages = t.shape[1];
+    p->block_table_stride = t.stride[0];
+    p->block_table = static_cast<const int32_t*>(t.data);
+    int64_t capacity = 0;
+    if (__builtin_mul_overflow(p->max_pages, p->page_size, &capacity) || capacity > kMaxCount)
+      return invalid("block_table", "max_pages * page_size (the key capacity) must be at most 2^31 - 1 (got " +
+                                        std::to_string(p->max_pages) + " pages of " + std::to_string(p->page_size) +
+                                        ")");
+    p->seqlen_k = p->max_pages > 0 ? capacity : 0;
+    p->total_q = p->batch * p->seqlen_q;
+    p->total_k = p->batch * p->seqlen_k;
   } else {
     p->batch = a.q.shape[0];
     p->seqlen_q = a.q.shape[1];
@@ -357,6 +391,21 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
       }
     }
     p->seqused_k = static_cast<const int32_t*>(a.seqused_k.data);
+  }
+  // The pages each sequence reads, on the host where the table is host memory (CUDA calls: the kernels read an
+  // out-of-range page as zeros).
+  if (paged && a.q.device == FA_DEVICE_CPU) {
+    for (int64_t b = 0; b < p->batch; ++b) {
+      const int64_t used = p->host_used_k.empty() ? p->seqlen_k : p->host_used_k[b];
+      for (int64_t i = 0; i * p->page_size < used; ++i) {
+        const int32_t page = p->block_table[b * p->block_table_stride + i];
+        if (page < 0 || page >= p->num_pages)
+          return invalid("block_table", "entry (" + std::to_string(b) + ", " + std::to_string(i) +
+                                            ") = " + std::to_string(page) + " must be a page index in [0, " +
+                                            std::to_string(p->num_pages) + ") (the page holds keys sequence " +
+                                            std::to_string(b) + " reads)");
+      }
+    }
   }
 
   // Scalars and the mask.
@@ -463,6 +512,7 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   p->q_layout = layout_of(a.q, varlen, false);
   p->k_layout = layout_of(a.k, varlen, true);
   p->v_layout = layout_of(a.v, varlen, true);
+  p->k_layout.paged = p->v_layout.paged = paged;
   p->out_layout = layout_of(out, varlen, false);
 
   if (dir == Direction::kBackward) {
@@ -496,7 +546,8 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
                          {"cu_seqlens_k", &a.cu_seqlens_k},
                          {"seqused_k", &a.seqused_k},
                          {"alibi_slopes", &a.alibi_slopes},
-                         {"sinks", &a.sinks}})
+                         {"sinks", &a.sinks},
+                         {"block_table", &a.block_table}})
     if (t->data != nullptr) inputs.push_back({name, t});
   if (dir == Direction::kForward) {
     outputs.push_back({"out", &out});

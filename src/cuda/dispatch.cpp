@@ -54,6 +54,32 @@ detail::Error refuse_dropout(const detail::Problem& p) {
   return detail::unsupported("dropout_p: dropout is not built for the CUDA backends yet (CPU tensors run it)");
 }
 
+// The plan's kernels on `workspace` (plan.workspace_bytes): a gathered paged call first copies its keys into the
+// workspace's start and runs the contiguous problem over them.
+detail::Error run_forward_plan(const detail::Problem& p, const FwdPlan& plan, char* workspace, cudaStream_t stream) {
+  if (plan.paged == PagedLoad::kGather) {
+    constexpr int64_t kAlign = 256;
+    char* k = workspace;
+    char* v = workspace + (gathered_bytes(p, false) + kAlign - 1) / kAlign * kAlign;
+    if (cudaError_t e = launch_paged_gather(p, k, v, stream); e != cudaSuccess)
+      return runtime_error("paged K/V gather kernel launch", e);
+    FwdPlan contiguous = plan;
+    contiguous.paged = PagedLoad::kNone;
+    contiguous.workspace_bytes -= plan.gather_bytes;
+    return run_forward_plan(contiguous_kv(p, k, v), contiguous, workspace + plan.gather_bytes, stream);
+  }
+  switch (plan.family) {
+    case Family::kSm80: return sm80::run_forward(p, plan, stream);
+    case Family::kSm90:
+#ifdef FLASHATTN_WITH_SM90
+      return sm90::run_forward(p, plan, workspace, stream);
+#else
+      break;
+#endif
+  }
+  return detail::backend_error("forward plan names a kernel family this build does not have");
+}
+
 template <Family kSelected>
 detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
   if (detail::Error e = refuse_dropout(p); !e.ok()) return e;
@@ -63,22 +89,13 @@ detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
   DeviceGuard guard(p.device_index);
   if (guard.status() != cudaSuccess) return runtime_error("cudaSetDevice", guard.status());
   if (detail::Error e = check_pointers(p, false); !e.ok()) return e;
+  if (detail::Error e = check_device_pointer("block_table", p.block_table, p.device_index); !e.ok()) return e;
   const auto stream = static_cast<cudaStream_t>(exec.stream);
-  switch (plan.family) {
-    case Family::kSm80: return sm80::run_forward(p, plan, stream);
-    case Family::kSm90: {
-#ifdef FLASHATTN_WITH_SM90
-      Workspace ws;
-      if (detail::Error e = ws.acquire(p.device_index, stream, size_t(plan.workspace_bytes)); !e.ok()) return e;
-      const detail::Error launched = sm90::run_forward(p, plan, ws.data(), stream);
-      const detail::Error released = ws.release();
-      return launched.ok() ? released : launched;
-#else
-      break;
-#endif
-    }
-  }
-  return detail::backend_error("forward plan names a kernel family this build does not have");
+  Workspace ws;
+  if (detail::Error e = ws.acquire(p.device_index, stream, size_t(plan.workspace_bytes)); !e.ok()) return e;
+  const detail::Error launched = run_forward_plan(p, plan, static_cast<char*>(ws.data()), stream);
+  const detail::Error released = ws.release();
+  return launched.ok() ? released : launched;
 }
 
 template <Family kSelected>

@@ -28,6 +28,22 @@ detail::Error check_device_pointer(const char* name, const void* ptr, int device
 
 const char* dtype_name(fa_dtype t) { return t == FA_FLOAT16 ? "float16" : t == FA_BFLOAT16 ? "bfloat16" : "float32"; }
 
+int64_t gathered_bytes(const detail::Problem& p, bool values) {
+  return p.batch * p.seqlen_k * p.heads_kv * (values ? p.head_dim_v : p.head_dim) * 2;  // 16-bit storage
+}
+
+detail::Problem contiguous_kv(const detail::Problem& p, void* k, void* v) {
+  detail::Problem c = p;
+  c.block_table = nullptr;
+  c.block_table_stride = c.page_size = c.num_pages = c.max_pages = 0;
+  c.k = k;
+  c.v = v;
+  c.k_layout = detail::RowLayout{p.seqlen_k * p.heads_kv * p.head_dim, p.heads_kv * p.head_dim, p.head_dim, true};
+  c.v_layout = detail::RowLayout{p.seqlen_k * p.heads_kv * p.head_dim_v, p.heads_kv * p.head_dim_v, p.head_dim_v, true};
+  c.total_k = p.batch * p.seqlen_k;
+  return c;
+}
+
 FwdParams make_fwd_params(const detail::Problem& p) {
   FwdParams k;
   k.q = p.q;
@@ -54,6 +70,13 @@ FwdParams make_fwd_params(const detail::Problem& p) {
   k.head_dim_v = int(p.head_dim_v);
   k.tensor_rows_q = p.varlen ? p.total_q : p.seqlen_q;
   k.tensor_rows_k = p.varlen ? p.total_k : p.seqlen_k;
+  if (p.paged()) {
+    k.block_table = p.block_table;
+    k.block_table_stride = p.block_table_stride;
+    k.page_size = int(p.page_size);
+    k.num_pages = int(p.num_pages);
+    k.tensor_rows_k = p.page_size;
+  }
   const float log2e = float(1.0 / std::log(2.0));
   if (p.softcap > 0.f) {
     k.softcap = p.softcap;

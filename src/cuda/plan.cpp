@@ -68,16 +68,18 @@ std::string sm90_tma_unfit(const detail::Problem& p) {
   // elements); a zero stride is only harmless along a dimension of extent 1.
   const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
   const int64_t batch = p.varlen ? 1 : p.batch;
-  auto bad = [&](const detail::RowLayout& l, int64_t rows, int64_t heads) {
-    return (rows > 1 && l.row == 0) || (heads > 1 && l.head == 0) || (batch > 1 && l.batch == 0);
+  // Paged K/V: TMA sees (page_size rows, d, heads, pages).
+  const int64_t rows_kv = p.paged() ? p.page_size : rows_k, batch_kv = p.paged() ? p.num_pages : batch;
+  auto bad = [&](const detail::RowLayout& l, int64_t rows, int64_t heads, int64_t batches) {
+    return (rows > 1 && l.row == 0) || (heads > 1 && l.head == 0) || (batches > 1 && l.batch == 0);
   };
   // dout: the backward's (the forward's Problem has none).
-  const char* tma_arg = bad(p.q_layout, rows_q, p.heads_q)                           ? "q"
-                        : bad(p.k_layout, rows_k, p.heads_kv)                        ? "k"
-                        : bad(p.v_layout, rows_k, p.heads_kv)                        ? "v"
-                        : bad(p.out_layout, rows_q, p.heads_q)                       ? "out"
-                        : p.dout != nullptr && bad(p.dout_layout, rows_q, p.heads_q) ? "dout"
-                                                                                     : nullptr;
+  const char* tma_arg = bad(p.q_layout, rows_q, p.heads_q, batch)                           ? "q"
+                        : bad(p.k_layout, rows_kv, p.heads_kv, batch_kv)                    ? "k"
+                        : bad(p.v_layout, rows_kv, p.heads_kv, batch_kv)                    ? "v"
+                        : bad(p.out_layout, rows_q, p.heads_q, batch)                       ? "out"
+                        : p.dout != nullptr && bad(p.dout_layout, rows_q, p.heads_q, batch) ? "dout"
+                                                                                            : nullptr;
   if (tma_arg != nullptr)
     return std::string(tma_arg) +
            ": the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides "
@@ -150,6 +152,8 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   const int64_t kv_bytes = std::max<int64_t>(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * elem;
   f.section_heads =
       int(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(tile_heads * p.batch, 1)));
+  if (p.paged())
+    f.paged = p.page_size % f.block_k == 0 ? PagedLoad::kTmaBlocks : PagedLoad::kTmaRows;  // sm90_reads_pages
   f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
   if (f.num_splits > 1) {
     f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);
@@ -191,21 +195,39 @@ detail::Error plan_sm80(const detail::Problem& p, FwdPlan* plan) {
   return detail::ok();
 }
 
+// Paged K/V the sm90 load collective reads itself: TMA boxes of whole key blocks or of kPageBoxRows rows, each
+// inside one page. Other page sizes, and the sm80 family, read gathered contiguous copies.
+bool sm90_reads_pages(const detail::Problem& p) { return p.page_size % sm90::kPageBoxRows == 0; }
+
 }  // namespace
 
 detail::Error plan_forward(const detail::Problem& p, const fa_exec& exec, Family selected, FwdPlan* plan) {
   *plan = FwdPlan{};
+  // A paged call no kernel reads natively is planned as the contiguous call over its gathered keys, with the two
+  // copies ahead of that plan's workspace.
+  auto gathered = [&](Family family) {
+    const detail::Error e = plan_forward(contiguous_kv(p, nullptr, nullptr), exec, family, plan);
+    if (!e.ok()) return e;
+    constexpr int64_t kAlign = 256;
+    plan->paged = PagedLoad::kGather;
+    plan->gather_bytes =
+        (gathered_bytes(p, false) + gathered_bytes(p, true) + 2 * kAlign - 1) / kAlign * kAlign + kAlign;
+    plan->workspace_bytes += plan->gather_bytes;
+    return e;
+  };
   if (selected == Family::kSm90) {
 #ifdef FLASHATTN_WITH_SM90
     Instance instance;
     const std::string unfit = sm90_unfit(p, &instance);
-    if (unfit.empty()) return plan_sm90(p, exec, instance, plan);
+    if (unfit.empty())
+      return p.paged() && !sm90_reads_pages(p) ? gathered(selected) : plan_sm90(p, exec, instance, plan);
     if (exec.backend == FA_BACKEND_CUDA_SM90) return detail::unsupported(unfit);
 #else
     if (exec.backend == FA_BACKEND_CUDA_SM90)
       return detail::unsupported("exec.backend: this build of flashattn has no cuda-sm90 kernels");
 #endif
   }
+  if (p.paged()) return gathered(Family::kSm80);
   return plan_sm80(p, plan);
 }
 

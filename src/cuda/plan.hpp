@@ -43,6 +43,14 @@ inline SplitWorkspace split_workspace(int splits, int64_t heads, int64_t rows, i
   return w;
 }
 
+// How a paged call (Problem::paged) reads its K/V.
+enum class PagedLoad : uint8_t {
+  kNone,       // not paged
+  kGather,     // the used keys gathered into contiguous copies (the workspace's first gather_bytes) first
+  kTmaBlocks,  // sm90: one TMA box per key block (page_size a multiple of block_k)
+  kTmaRows,    // sm90: boxes of sm90::kPageBoxRows rows (page_size a multiple of it)
+};
+
 struct FwdPlan {
   Family family = Family::kSm80;
   int instance = -1;  // index into the family's forward kernel table
@@ -55,13 +63,15 @@ struct FwdPlan {
   int warps = 0;   // sm80: warps per CTA; sm90: consumer warpgroups
   int stages = 0;  // sm90: K/V pipeline depth
   Schedule schedule = Schedule::kPerTile;
-  int64_t m_blocks = 0;         // query blocks per (batch, head); packed: of (position, head) rows per KV head
-  int64_t tiles = 0;            // (query block, head, batch) tiles; packed: heads are KV heads
-  int grid = 0;                 // CTAs launched (persistent: min(tiles, SMs))
-  int section_heads = 1;        // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
-  int num_splits = 1;           // sm90 split-KV: key-block ranges per tile, merged by the combine kernel (1: none)
-  SplitWorkspace split;         // num_splits > 1: where the partials live in the workspace
-  int64_t workspace_bytes = 0;  // device workspace the launch needs (tile counter, split-KV partials)
+  int64_t m_blocks = 0;   // query blocks per (batch, head); packed: of (position, head) rows per KV head
+  int64_t tiles = 0;      // (query block, head, batch) tiles; packed: heads are KV heads
+  int grid = 0;           // CTAs launched (persistent: min(tiles, SMs))
+  int section_heads = 1;  // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
+  int num_splits = 1;     // sm90 split-KV: key-block ranges per tile, merged by the combine kernel (1: none)
+  SplitWorkspace split;   // num_splits > 1: where the partials live in the workspace
+  PagedLoad paged = PagedLoad::kNone;
+  int64_t gather_bytes = 0;     // kGather: bytes of the K and V copies at the workspace's start (kernel's after)
+  int64_t workspace_bytes = 0;  // device workspace the launch needs (gathered K/V, tile counter, split-KV partials)
 };
 
 struct BwdPlan {

@@ -9,6 +9,7 @@
 #include "cuda/host_common.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/tiles.hpp"
 
 namespace flashattn::cuda::sm90 {
 
@@ -117,6 +118,8 @@ Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods) {
 
 detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* workspace, cudaStream_t stream) {
   FwdParams params = make_fwd_params(p);
+  if (plan.paged == PagedLoad::kTmaBlocks || plan.paged == PagedLoad::kTmaRows)
+    params.paged_box_rows = plan.paged == PagedLoad::kTmaBlocks ? plan.block_k : kPageBoxRows;
   if (plan.num_splits > 1) {
     params.num_splits = plan.num_splits;
     params.lse_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.split.lse_offset);

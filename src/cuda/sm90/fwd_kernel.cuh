@@ -45,6 +45,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
+    if (p.block_table != nullptr && p.paged_box_rows != Traits::kBlockN) {
+      prefetch_tma_descriptor(kp.tma_k_page.get_tma_descriptor());
+      prefetch_tma_descriptor(kp.tma_v_page.get_tma_descriptor());
+    }
     ss.barrier_q.init(1);
   }
   typename Pipeline::Params pipe_params;

@@ -48,12 +48,27 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
 
   KernelParams<Traits> kp;
   kp.p = p;
+  // Paged K/V: (page_size rows, d, heads, pages). The whole-block descriptor of a call read in row boxes is never
+  // used; its rows are padded to one block so that it stays encodable.
+  const bool paged = p.block_table != nullptr;
+  const int kv_batch = paged ? p.num_pages : batch;
+  const int64_t kv_rows =
+      paged && p.paged_box_rows != kBlockN ? std::max<int64_t>(p.tensor_rows_k, kBlockN) : p.tensor_rows_k;
   auto mQ = gmem_tensor<Traits>(static_cast<const Element*>(p.q), p.tensor_rows_q, p.head_dim, p.heads_q, batch,
                                 p.q_row, p.q_head, p.q_batch);
-  auto mK = gmem_tensor<Traits>(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, heads_kv, batch, p.k_row,
+  auto mK = gmem_tensor<Traits>(static_cast<const Element*>(p.k), kv_rows, p.head_dim, heads_kv, kv_batch, p.k_row,
                                 p.k_head, p.k_batch);
-  auto mV = gmem_tensor<Traits>(static_cast<const Element*>(p.v), p.tensor_rows_k, p.head_dim_v, heads_kv, batch,
-                                p.v_row, p.v_head, p.v_batch);
+  auto mV = gmem_tensor<Traits>(static_cast<const Element*>(p.v), kv_rows, p.head_dim_v, heads_kv, kv_batch, p.v_row,
+                                p.v_head, p.v_batch);
+  if (paged && p.paged_box_rows != kBlockN) {
+    using Box = Shape<Int<kPageBoxRows>, Int<Traits::kAtomCols>>;
+    auto mKp = gmem_tensor<Traits>(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, heads_kv, kv_batch,
+                                   p.k_row, p.k_head, p.k_batch);
+    auto mVp = gmem_tensor<Traits>(static_cast<const Element*>(p.v), p.tensor_rows_k, p.head_dim_v, heads_kv, kv_batch,
+                                   p.v_row, p.v_head, p.v_batch);
+    kp.tma_k_page = make_tma_copy(SM90_TMA_LOAD{}, mKp, typename Traits::SmemLayoutPageBox{}, Box{}, _1{});
+    kp.tma_v_page = make_tma_copy(SM90_TMA_LOAD{}, mVp, typename Traits::SmemLayoutPageBox{}, Box{}, _1{});
+  }
   auto mO = gmem_tensor<Traits>(static_cast<Element*>(p.out), p.tensor_rows_q, p.head_dim_v, p.heads_q, batch, p.o_row,
                                 p.o_head, p.o_batch);
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Traits::SmemLayoutQ{}),

@@ -69,14 +69,23 @@ struct FwdLoad {
     Tensor tVg = get<0>(v_parts);
     Tensor tVs = get<1>(v_parts);
 
+    const bool paged = p.block_table != nullptr;
     auto load_k = [&](int n) {
-      pipe_k.producer_acquire(k_write);
-      if (leader) copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
+      if (paged) {
+        load_paged(kp.tma_k, kp.tma_k_page, kp.shape_k, sK, tile, kv_head, n, pipe_k, k_write);
+      } else {
+        pipe_k.producer_acquire(k_write);
+        if (leader) copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
+      }
       ++k_write;
     };
     auto load_v = [&](int n) {
-      pipe_v.producer_acquire(v_write);
-      if (leader) copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
+      if (paged) {
+        load_paged(kp.tma_v, kp.tma_v_page, kp.shape_v, sV, tile, kv_head, n, pipe_v, v_write);
+      } else {
+        pipe_v.producer_acquire(v_write);
+        if (leader) copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
+      }
       ++v_write;
     };
 
@@ -102,6 +111,56 @@ struct FwdLoad {
       load_v(n);
     }
     if (range.hi > range.lo) load_v(range.lo);
+  }
+
+  // Key block n of a paged tile into the next stage: key j of the sequence is slot j % page_size of page
+  // block_table[b][j / page_size]. Whole blocks (p.paged_box_rows == kBlockN: the page size is a multiple of the
+  // block) take one box of the block descriptor, other page sizes kBlockN / kPageBoxRows row boxes per atom
+  // column. Rows at or past the sequence's keys never read the table: their box gets page -1, which TMA fills with
+  // zeros, as it does for any out-of-range page index; the table entries are read before the stage is acquired, so
+  // that their latency runs under the wait for a free stage.
+  template <class Tma, class TmaPage, class Smem>
+  __device__ void load_paged(const Tma& tma, const TmaPage& tma_page, const typename Traits::GmemShape& shape, Smem& sX,
+                             const Tile& tile, int kv_head, int n, Pipeline& pipe, PipelineState& state) {
+    const FwdParams& p = kp.p;
+    const int32_t* table = p.block_table + int64_t(tile.t.batch) * p.block_table_stride;
+    const int key0 = n * kBlockN;
+    if (p.paged_box_rows == kBlockN) {
+      const int page = leader && key0 < tile.seq.len_k ? table[key0 / p.page_size] : -1;
+      pipe.producer_acquire(state);
+      if (leader) {
+        Tensor g = local_tile(tma.get_tma_tensor(shape)(_, _, kv_head, page), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                              make_coord(_, _0{}));  // (N, d, page_size / N)
+        auto parts = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sX), group_modes<0, 2>(g));
+        copy(tma.with(*pipe.producer_get_barrier(state)), get<0>(parts)(_, (key0 % p.page_size) / kBlockN),
+             get<1>(parts)(_, state.index()));
+      }
+      return;
+    }
+    constexpr int kBoxes = kBlockN / kPageBoxRows, kAtomCols = Traits::kAtomCols;
+    int page[kBoxes];
+    CUTE_UNROLL
+    for (int i = 0; i < kBoxes; ++i) {
+      const int row = key0 + i * kPageBoxRows;
+      page[i] = leader && row < tile.seq.len_k ? table[row / p.page_size] : -1;
+    }
+    pipe.producer_acquire(state);
+    if (!leader) return;
+    CUTE_UNROLL
+    for (int i = 0; i < kBoxes; ++i) {
+      const int slot_box = ((key0 + i * kPageBoxRows) % p.page_size) / kPageBoxRows;
+      Tensor g = local_tile(tma_page.get_tma_tensor(shape)(_, _, kv_head, page[i]),
+                            Shape<Int<kPageBoxRows>, Int<kAtomCols>>{}, make_coord(slot_box, _));  // (16, A, d/A)
+      CUTE_UNROLL
+      for (int c = 0; c < kHeadDim / kAtomCols; ++c) {
+        // The box's rows of this atom column: a contiguous run of the stage (atoms stack along the rows first),
+        // starting on an atom, so the swizzle pattern is the box layout's own.
+        Tensor s = make_tensor(make_smem_ptr(&sX(i * kPageBoxRows, c * kAtomCols, state.index())),
+                               typename Traits::SmemLayoutPageBox{});
+        auto parts = tma_partition(tma_page, _0{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g(_, _, c)));
+        copy(tma_page.with(*pipe.producer_get_barrier(state)), get<0>(parts), get<1>(parts));
+      }
+    }
   }
 
   // After the last tile: matches the consumers' release of the last tile's Q space (every arrive has its sync),

@@ -103,6 +103,13 @@ struct FwdTraits {
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, take<0, 2>(SmemLayoutO{}),
                                       Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{}));
+  // Paged K/V in boxes of kPageBoxRows rows (PagedLoad::kTmaRows): one box per swizzle-atom column, so that it
+  // lands on the contiguous run the stage's layout gives those rows there (atoms stack along the rows first).
+  static constexpr int kAtomCols = decltype(size<1>(SmemAtom{}))::value;
+  static_assert(kBlockN % kPageBoxRows == 0 && kHeadDim % kAtomCols == 0);
+  using SmemLayoutPageBox = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kPageBoxRows>, Int<kAtomCols>>{}));
+  using TmaPage = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutPageBox{},
+                                         Shape<Int<kPageBoxRows>, Int<kAtomCols>>{}, _1{}));
 
   // Epilogue for varlen: 128-bit vectors from shared memory to global, 128 threads of one warpgroup.
   static constexpr int kVecElems = int(sizeof(cute::uint128_t) / sizeof(Element));
@@ -125,6 +132,7 @@ struct KernelParams {
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
   typename Traits::TmaO tma_o;
+  typename Traits::TmaPage tma_k_page, tma_v_page;  // paged K/V in row boxes (built for paged calls only)
   typename Traits::GmemShape shape_q, shape_k, shape_v, shape_o;
   int num_m_blocks = 0;
   int section_heads = 1;        // TileScheduler

@@ -1,0 +1,165 @@
+// Paged K/V on the CUDA backends: a paged call equals the contiguous call over the same keys bit for bit on the
+// same backend (tests/paged_case.hpp; the contiguous calls are checked against the float64 reference by the
+// forward suite). The cases cover each read path of the plan: sm90 TMA boxes of whole key blocks (page size a
+// multiple of the block), of 16-row boxes (page size a multiple of 16), and the gathered copy (other page sizes,
+// and every sm80 call), with GQA packing, split-KV, causal chunks of several queries and sequences of 0 keys.
+#include "gpu_support.hpp"
+#include "paged_case.hpp"
+
+namespace flashattn::gpu_testing {
+namespace {
+
+using paged_testing::Buffers;
+using paged_testing::PagedCase;
+using paged_testing::PagedData;
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes, const void* host = nullptr) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)), cudaSuccess);
+    if (host != nullptr) EXPECT_EQ(cudaMemcpy(ptr, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct Result {
+  fa_status status = FA_OK;
+  std::string message;
+  std::vector<uint8_t> out;
+  std::vector<float> lse;
+};
+
+Result run(const PagedCase& c, const PagedData& g, bool paged) {
+  const size_t e = paged_testing::elem_bytes(c.dtype);
+  const size_t out_bytes = size_t(c.batch * c.sq * c.hq * c.dv) * e, lse_n = size_t(c.batch * c.hq * c.sq);
+  const std::vector<uint8_t>& k = paged ? g.k_pages : g.k_contig;
+  const std::vector<uint8_t>& v = paged ? g.v_pages : g.v_contig;
+  DeviceBuffer dq(g.q.size(), g.q.data()), dk(k.size(), k.data()), dv(v.size(), v.data());
+  DeviceBuffer dt(g.table.size() * 4, g.table.data()), du(g.used.size() * 4, g.used.data());
+  DeviceBuffer dout(out_bytes), dlse(lse_n * 4);
+  cudaMemset(dout.ptr, 0xff, out_bytes);  // poisoned: NaN in every 16-bit float format
+  cudaMemset(dlse.ptr, 0xff, lse_n * 4);
+  Buffers m{dq.ptr,
+            dk.ptr,
+            dv.ptr,
+            dout.ptr,
+            static_cast<float*>(dlse.ptr),
+            static_cast<int32_t*>(dt.ptr),
+            static_cast<int32_t*>(du.ptr)};
+  const fa_fwd_params p = paged_testing::make_params(c, g, m, paged, FA_DEVICE_CUDA);
+  const fa_exec x = paged_testing::make_exec(c);
+  Result r;
+  r.status = fa_forward(&p, &x);
+  r.message = fa_last_error();
+  if (r.status != FA_OK) return r;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  r.out.resize(out_bytes);
+  r.lse.resize(lse_n);
+  EXPECT_EQ(cudaMemcpy(r.out.data(), dout.ptr, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(r.lse.data(), dlse.ptr, lse_n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return r;
+}
+
+PagedCase make(const char* name, fa_backend backend, int64_t d, int64_t page, int64_t pages,
+               std::vector<int32_t> used) {
+  PagedCase c;
+  c.name = name;
+  c.backend = backend;
+  c.d = c.dv = d;
+  c.page_size = page;
+  c.max_pages = pages;
+  c.used = std::move(used);
+  c.batch = int64_t(c.used.size());
+  c.hq = 8;
+  c.hkv = 2;
+  return c;
+}
+PagedCase with(PagedCase c, int64_t sq, bool causal, int splits = 0, int64_t hkv = 2) {
+  c.sq = sq;
+  c.causal = causal;
+  c.num_splits = splits;
+  c.hkv = hkv;
+  return c;
+}
+
+TEST(Paged, EqualsContiguous) {
+  SKIP_WITHOUT_GPU();
+  constexpr fa_backend k90 = FA_BACKEND_CUDA_SM90, k80 = FA_BACKEND_CUDA_SM80;
+  // clang-format off
+  const std::vector<PagedCase> cases = {
+      make("sm90 d128 page 16 (row boxes)",          k90, 128,  16, 40, {600, 0, 129, 1}),
+      with(make("sm90 d128 page 16 splits 5",        k90, 128,  16, 40, {640, 333}), 1, false, 5),
+      make("sm90 d128 page 128 (block boxes)",       k90, 128, 128,  5, {640, 127, 300}),
+      make("sm90 d128 page 256",                     k90, 128, 256,  3, {700, 256}),
+      make("sm90 d128 page 48 (row boxes)",          k90, 128,  48, 12, {500, 47, 49}),
+      make("sm90 d128 page 3 (gathered)",            k90, 128,   3, 90, {260, 5}),
+      make("sm90 d128 page 1 (gathered)",            k90, 128,   1, 70, {70, 33}),
+      with(make("sm90 d128 page 16 causal q 5",      k90, 128,  16, 20, {300, 5, 17}), 5, true),
+      with(make("sm90 d128 page 16 chunk q 70",      k90, 128,  16, 40, {640, 200}), 70, true),
+      with(make("sm90 d128 page 16 MHA (unpacked)",  k90, 128,  16, 20, {300, 31}), 1, false, 0, 8),
+      with(make("sm90 d128 page 32 MHA q 130",       k90, 128,  32, 10, {320, 150}), 130, false, 0, 8),
+      make("sm90 d64 page 16",                       k90,  64,  16, 30, {470, 2}),
+      make("sm90 d64 page 128",                      k90,  64, 128,  4, {512, 100}),
+      make("sm90 d256 page 16",                      k90, 256,  16, 20, {300, 81}),
+      make("sm90 d256 page 160 (block boxes)",       k90, 256, 160,  2, {320, 161}),
+      make("sm80 d128 page 16 (gathered)",           k80, 128,  16, 20, {300, 0, 17}),
+      with(make("sm80 d64 page 3 causal q 4",        k80,  64,   3, 50, {150, 4}), 4, true),
+  };
+  // clang-format on
+  uint32_t seed = 11;
+  for (PagedCase c : cases) {
+    for (fa_dtype t : {FA_BFLOAT16, FA_FLOAT16}) {
+      c.dtype = t;
+      SCOPED_TRACE(c.name + (t == FA_BFLOAT16 ? " bf16" : " fp16"));
+      const PagedData g = paged_testing::make_data(c, seed++);
+      const Result contig = run(c, g, false);
+      if (contig.status == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(contig.message)) {
+        GTEST_SKIP() << contig.message;
+      }
+      ASSERT_EQ(contig.status, FA_OK) << contig.message;
+      const Result paged = run(c, g, true);
+      ASSERT_EQ(paged.status, FA_OK) << paged.message;
+      EXPECT_EQ(std::memcmp(paged.out.data(), contig.out.data(), paged.out.size()), 0) << "out differs";
+      EXPECT_EQ(std::memcmp(paged.lse.data(), contig.lse.data(), paged.lse.size() * 4), 0) << "lse differs";
+      size_t finite = 0;
+      for (float l : contig.lse) finite += std::isfinite(l);
+      EXPECT_GT(finite, 0u) << "nothing compared";
+    }
+  }
+}
+
+// The plan says which read path serves a page size (fa_forward_plan reports the kernels; a gathered plan needs the
+// copies' workspace).
+TEST(Paged, PlanReadsPagesNativelyOnSm90) {
+  SKIP_WITHOUT_GPU();
+  auto workspace = [](int64_t page) {
+    PagedCase c = make("plan", FA_BACKEND_CUDA_SM90, 128, page, 48 / page * 16, {16});
+    const PagedData g = paged_testing::make_data(c, 1);
+    DeviceBuffer q(g.q.size()), k(g.k_pages.size()), v(g.v_pages.size()), t(g.table.size() * 4), u(4), o(g.q.size()),
+        l(64);
+    Buffers m{q.ptr,
+              k.ptr,
+              v.ptr,
+              o.ptr,
+              static_cast<float*>(l.ptr),
+              static_cast<int32_t*>(t.ptr),
+              static_cast<int32_t*>(u.ptr)};
+    const fa_fwd_params p = paged_testing::make_params(c, g, m, true, FA_DEVICE_CUDA);
+    const fa_exec x = paged_testing::make_exec(c);
+    fa_plan_info info{};
+    const fa_status st = fa_forward_plan(&p, &x, &info);
+    return std::make_pair(st == FA_OK ? info.workspace_bytes : int64_t(-1), std::string(fa_last_error()));
+  };
+  const auto [native, msg] = workspace(16);
+  if (native < 0 && sm90_unavailable_message(msg)) GTEST_SKIP() << msg;
+  ASSERT_GE(native, 0) << msg;
+  const auto [gathered, msg3] = workspace(3);
+  ASSERT_GE(gathered, 0) << msg3;
+  EXPECT_LT(native, 1024) << "page 16 should be read by TMA, without a gathered copy";
+  EXPECT_GT(gathered, native) << "page 3 needs the gathered copies";
+}
+
+}  // namespace
+}  // namespace flashattn::gpu_testing
