@@ -26,8 +26,6 @@ detail::Error check_device_pointer(const char* name, const void* ptr, int device
   return detail::ok();
 }
 
-const char* dtype_name(fa_dtype t) { return t == FA_FLOAT16 ? "float16" : t == FA_BFLOAT16 ? "bfloat16" : "float32"; }
-
 FwdParams make_fwd_params(const detail::Problem& p) {
   FwdParams k;
   k.q = p.q;

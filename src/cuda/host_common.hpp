@@ -22,7 +22,6 @@ BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan);
 using BwdLaunch = cudaError_t (*)(const BwdParams&, const BwdPlan&, cudaStream_t);
 detail::Error run_backward_in_workspace(const detail::Problem& p, const BwdPlan& plan, const char* family,
                                         BwdLaunch launch, cudaStream_t stream);
-const char* dtype_name(fa_dtype t);  // the 16-bit storage types the CUDA kernels take, for messages
 
 // A tensor the kernel will read must be device memory of the device it runs on (a host pointer labelled
 // CUDA would otherwise fault the context). Null pointers (absent optional tensors) pass.
