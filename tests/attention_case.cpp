@@ -11,23 +11,6 @@
 
 namespace flashattn::testing {
 
-std::string Case::name() const {
-  std::ostringstream s;
-  s << dtype_name(dtype) << " B" << batch << " q" << seqlen_q << " k" << seqlen_k << " h" << heads_q << ":" << heads_kv
-    << " d" << head_dim;
-  if (dv() != head_dim) s << "/" << dv();
-  if (causal) s << (top_left ? " causal-tl" : " causal");
-  if (window_left >= 0 || window_right >= 0) s << " win(" << window_left << "," << window_right << ")";
-  if (softcap > 0) s << " softcap" << softcap;
-  if (alibi) s << " alibi";
-  if (sinks) s << " sinks";
-  if (dropout_p > 0.f) s << " dropout " << dropout_p;
-  if (varlen()) s << " varlen";
-  if (!seqused_k.empty()) s << " seqused";
-  if (head_pad) s << " strided";
-  return s.str();
-}
-
 namespace {
 
 void fill_random(std::vector<uint8_t>* buf, size_t n, fa_dtype t, std::mt19937_64& rng) {
@@ -54,54 +37,76 @@ Problem::Problem(const Case& c_) : c(c_) {
   if (c.varlen()) {
     cu_q.push_back(0);
     cu_k.push_back(0);
-    for (size_t b = 0; b < c.varlen_q.size(); ++b) {
-      cu_q.push_back(cu_q.back() + c.varlen_q[b]);
-      cu_k.push_back(cu_k.back() + c.varlen_k[b]);
-      max_q = std::max<int64_t>(max_q, c.varlen_q[b]);
-      max_k = std::max<int64_t>(max_k, c.varlen_k[b]);
+    for (size_t b = 0; b < c.lens_q.size(); ++b) {
+      cu_q.push_back(cu_q.back() + c.lens_q[b]);
+      cu_k.push_back(cu_k.back() + c.lens_k[b]);
+      max_q = std::max<int64_t>(max_q, c.lens_q[b]);
+      max_k = std::max<int64_t>(max_k, c.lens_k[b]);
     }
     total_q = cu_q.back();
     total_k = cu_k.back();
   } else {
-    total_q = c.batch * c.seqlen_q;
-    total_k = c.batch * c.seqlen_k;
-    max_q = c.seqlen_q;
-    max_k = c.seqlen_k;
+    total_q = c.batch * c.sq;
+    total_k = c.batch * c.sk;
+    max_q = c.sq;
+    max_k = c.sk;
   }
   used_k = c.seqused_k;
-  const int64_t hs_q = c.head_dim + c.head_pad, hs_v = c.dv() + c.head_pad;
-  fill_random(&q, size_t(total_q * c.heads_q * hs_q), c.dtype, rng);
-  fill_random(&k, size_t(total_k * c.heads_kv * hs_q), c.dtype, rng);
-  fill_random(&v, size_t(total_k * c.heads_kv * hs_v), c.dtype, rng);
-  fill_random(&dout, size_t(total_q * c.heads_q * hs_v), c.dtype, rng);
+  const int64_t rows_q = row_elems(c.hq, c.d), rows_k = row_elems(c.hkv, c.d);
+  const int64_t rows_v = row_elems(c.hkv, c.value_dim()), rows_o = row_elems(c.hq, c.value_dim());
+  fill_random(&q, size_t(total_q * rows_q), c.dtype, rng);
+  fill_random(&k, size_t(total_k * rows_k), c.dtype, rng);
+  fill_random(&v, size_t(total_k * rows_v), c.dtype, rng);
+  fill_random(&dout, size_t(total_q * rows_o), c.dtype, rng);
+  if (c.nan_past_used) poison_unused_keys();
   const size_t e = dtype_size(c.dtype);
-  poison(&out, size_t(total_q * c.heads_q * hs_v) * e);
-  poison(&dq, size_t(total_q * c.heads_q * hs_q) * e);
-  poison(&dk, size_t(total_k * c.heads_kv * hs_q) * e);
-  poison(&dv, size_t(total_k * c.heads_kv * hs_v) * e);
-  lse.assign(size_t(c.heads_q * total_q), std::nanf(""));
-  for (int64_t h = 0; h < c.heads_q; ++h)
-    alibi.push_back(float(std::pow(2.0, -8.0 * double(h + 1) / double(c.heads_q))));
+  poison(&out, size_t(total_q * rows_o) * e);
+  poison(&dq, size_t(total_q * rows_q) * e);
+  poison(&dk, size_t(total_k * rows_k) * e);
+  poison(&dv, size_t(total_k * rows_v) * e);
+  lse.assign(size_t(c.hq * total_q), std::nanf(""));
+  // Geometric slopes as ALiBi defines them; per sequence (Alibi::kBatch) scaled so that sequences differ.
+  const int64_t slope_rows = c.alibi == Alibi::kBatch ? sequences() : 1;
+  for (int64_t b = 0; b < slope_rows; ++b)
+    for (int64_t h = 0; h < c.hq; ++h)
+      alibi.push_back(float(std::pow(2.0, -8.0 * double(h + 1) / double(c.hq)) * (1.0 + 0.25 * double(b))));
   // Sink logits around the rows' LSEs (a few units for these unit-variance inputs): each matters, none dominates.
-  for (int64_t h = 0; h < c.heads_q; ++h) sinks.push_back(float(-1.0 + 5.0 * double(h) / double(c.heads_q)));
-  dsinks.assign(size_t(c.heads_q), std::nanf(""));
+  for (int64_t h = 0; h < c.hq; ++h) sinks.push_back(float(-1.0 + 5.0 * double(h) / double(c.hq)));
+  dsinks.assign(size_t(c.hq), std::nanf(""));
+}
+
+int64_t Problem::sequences() const { return c.varlen() ? int64_t(c.lens_q.size()) : c.batch; }
+
+int64_t Problem::row_elems(int64_t heads, int64_t dim) const { return heads * (dim + c.head_pad) + c.row_pad; }
+
+// All-ones bytes (NaN) in K and V rows past each sequence's seqused_k: a kernel that reads them leaks NaN.
+void Problem::poison_unused_keys() {
+  const size_t e = dtype_size(c.dtype);
+  const int64_t rk = row_elems(c.hkv, c.d), rv = row_elems(c.hkv, c.value_dim());
+  for (int64_t b = 0; b < sequences(); ++b) {
+    const int64_t first = c.varlen() ? cu_k[size_t(b)] : b * c.sk, len = c.varlen() ? c.lens_k[size_t(b)] : c.sk;
+    for (int64_t j = std::max<int64_t>(c.seqused_k.at(size_t(b)), 0); j < len; ++j) {
+      std::fill_n(k.begin() + (first + j) * rk * int64_t(e), rk * int64_t(e), uint8_t(0xff));
+      std::fill_n(v.begin() + (first + j) * rv * int64_t(e), rv * int64_t(e), uint8_t(0xff));
+    }
+  }
 }
 
 fa_tensor Problem::qkv_tensor(const std::vector<uint8_t>& buf, bool key_rows, int64_t heads, int64_t dim) const {
-  const int64_t hs = dim + c.head_pad;
-  const int64_t rows = key_rows ? (c.varlen() ? total_k : c.seqlen_k) : (c.varlen() ? total_q : c.seqlen_q);
+  const int64_t hs = dim + c.head_pad, row = row_elems(heads, dim);
+  const int64_t rows = key_rows ? (c.varlen() ? total_k : c.sk) : (c.varlen() ? total_q : c.sq);
   fa_tensor t{};
   t.data = const_cast<uint8_t*>(buf.data());
   t.dtype = c.dtype;
   t.device = FA_DEVICE_CPU;
   if (c.varlen()) {
     t.ndim = 3;
-    int64_t shape[3] = {rows, heads, dim}, stride[3] = {heads * hs, hs, 1};
+    int64_t shape[3] = {rows, heads, dim}, stride[3] = {row, hs, 1};
     std::copy(shape, shape + 3, t.shape);
     std::copy(stride, stride + 3, t.stride);
   } else {
     t.ndim = 4;
-    int64_t shape[4] = {c.batch, rows, heads, dim}, stride[4] = {rows * heads * hs, heads * hs, hs, 1};
+    int64_t shape[4] = {c.batch, rows, heads, dim}, stride[4] = {rows * row, row, hs, 1};
     std::copy(shape, shape + 4, t.shape);
     std::copy(stride, stride + 4, t.stride);
   }
@@ -111,9 +116,9 @@ fa_tensor Problem::qkv_tensor(const std::vector<uint8_t>& buf, bool key_rows, in
 FwdParams Problem::fwd() const {
   FwdParams p = make_fwd_params();
   fa_attention& a = p.attn;
-  a.q = qkv_tensor(q, false, c.heads_q, c.head_dim);
-  a.k = qkv_tensor(k, true, c.heads_kv, c.head_dim);
-  a.v = qkv_tensor(v, true, c.heads_kv, c.dv());
+  a.q = qkv_tensor(q, false, c.hq, c.d);
+  a.k = qkv_tensor(k, true, c.hkv, c.d);
+  a.v = qkv_tensor(v, true, c.hkv, c.value_dim());
   if (c.varlen()) {
     a.cu_seqlens_q = make_tensor(const_cast<int32_t*>(cu_q.data()), FA_INT32, {int64_t(cu_q.size())});
     a.cu_seqlens_k = make_tensor(const_cast<int32_t*>(cu_k.data()), FA_INT32, {int64_t(cu_k.size())});
@@ -124,18 +129,20 @@ FwdParams Problem::fwd() const {
     a.seqused_k = make_tensor(const_cast<int32_t*>(used_k.data()), FA_INT32, {int64_t(used_k.size())});
   a.causal = c.causal;
   a.causal_alignment = c.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
-  a.window_left = c.window_left;
-  a.window_right = c.window_right;
+  a.window_left = c.wl;
+  a.window_right = c.wr;
   a.softcap = c.softcap;
-  if (c.alibi) a.alibi_slopes = make_tensor(const_cast<float*>(alibi.data()), FA_FLOAT32, {c.heads_q});
-  if (c.sinks) a.sinks = make_tensor(const_cast<float*>(sinks.data()), FA_FLOAT32, {c.heads_q});
+  if (c.alibi == Alibi::kHeads) a.alibi_slopes = make_tensor(const_cast<float*>(alibi.data()), FA_FLOAT32, {c.hq});
+  if (c.alibi == Alibi::kBatch)
+    a.alibi_slopes = make_tensor(const_cast<float*>(alibi.data()), FA_FLOAT32, {sequences(), c.hq});
+  if (c.sinks) a.sinks = make_tensor(const_cast<float*>(sinks.data()), FA_FLOAT32, {c.hq});
   a.dropout_p = c.dropout_p;
   a.dropout_seed = c.dropout_seed;
   a.dropout_offset = c.dropout_offset;
-  p.out = qkv_tensor(out, false, c.heads_q, c.dv());
+  p.out = qkv_tensor(out, false, c.hq, c.value_dim());
   if (c.lse) {
-    p.lse = c.varlen() ? make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.heads_q, total_q})
-                       : make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.batch, c.heads_q, c.seqlen_q});
+    p.lse = c.varlen() ? make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.hq, total_q})
+                       : make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.batch, c.hq, c.sq});
   }
   return p;
 }
@@ -145,19 +152,22 @@ BwdParams Problem::bwd() const {
   BwdParams p = make_bwd_params();
   p.attn = f.attn;
   p.out = f.out;
-  p.lse = c.varlen() ? make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.heads_q, total_q})
-                     : make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.batch, c.heads_q, c.seqlen_q});
-  p.dout = qkv_tensor(dout, false, c.heads_q, c.dv());
-  p.dq = qkv_tensor(dq, false, c.heads_q, c.head_dim);
-  p.dk = qkv_tensor(dk, true, c.heads_kv, c.head_dim);
-  p.dv = qkv_tensor(dv, true, c.heads_kv, c.dv());
-  if (c.sinks) p.dsinks = make_tensor(const_cast<float*>(dsinks.data()), FA_FLOAT32, {c.heads_q});
+  p.lse = c.varlen() ? make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.hq, total_q})
+                     : make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.batch, c.hq, c.sq});
+  p.dout = qkv_tensor(dout, false, c.hq, c.value_dim());
+  p.dq = qkv_tensor(dq, false, c.hq, c.d);
+  p.dk = qkv_tensor(dk, true, c.hkv, c.d);
+  p.dv = qkv_tensor(dv, true, c.hkv, c.value_dim());
+  if (c.sinks) p.dsinks = make_tensor(const_cast<float*>(dsinks.data()), FA_FLOAT32, {c.hq});
   return p;
 }
 
 fa_exec Problem::exec() const {
   fa_exec e = fa_exec_default();
   e.num_threads = c.threads;
+  e.backend = c.backend;
+  e.num_splits = c.num_splits;
+  e.deterministic = c.deterministic;
   return e;
 }
 
@@ -234,7 +244,7 @@ Accuracy Problem::check_backward() const {
 }
 
 void expect_matches_reference(const Case& c, bool backward) {
-  SCOPED_TRACE(c.name());
+  SCOPED_TRACE(c.label());
   Problem pr(c);
   Status st = pr.run_forward();
   ASSERT_TRUE(st.ok()) << st.message;

@@ -30,8 +30,8 @@ INSTANTIATE_TEST_SUITE_P(Seqlens, BwdShapes,
 TEST(CpuBackward, HeadDimsAndDtypes) {
   for (auto [d, dv] : {std::pair<int, int>{8, 8}, {72, 72}, {96, 96}, {128, 64}, {192, 128}, {256, 256}}) {
     Case c = with_lengths(70, 90);
-    c.head_dim = d;
-    c.head_dim_v = dv;
+    c.d = d;
+    c.dv = dv;
     c.causal = true;
     expect_backward_matches(c);
   }
@@ -45,20 +45,20 @@ TEST(CpuBackward, HeadDimsAndDtypes) {
 TEST(CpuBackward, GqaWindowsSoftcapAlibi) {
   for (auto [hq, hkv] : {std::pair<int, int>{8, 1}, {6, 2}}) {
     Case c = with_lengths(80, 120);
-    c.heads_q = hq;
-    c.heads_kv = hkv;
+    c.hq = hq;
+    c.hkv = hkv;
     c.causal = true;
     expect_backward_matches(c);
   }
   Case w = with_lengths(150, 150);
-  w.window_left = 20;
-  w.window_right = 7;
+  w.wl = 20;
+  w.wr = 7;
   expect_backward_matches(w);
   w.top_left = true;
   w.softcap = 2.f;
   expect_backward_matches(w);
   Case a = with_lengths(90, 140);
-  a.alibi = true;
+  a.alibi = Alibi::kHeads;
   a.causal = true;
   expect_backward_matches(a);
 }
@@ -70,16 +70,16 @@ TEST(CpuBackward, Sinks) {
     Case c = with_lengths(130, 90);
     c.dtype = t;
     c.sinks = true;
-    c.heads_q = 4;
+    c.hq = 4;
     expect_backward_matches(c);
     c.causal = true;
     expect_backward_matches(c);
     c.causal = false;
-    c.window_left = 20, c.window_right = 2, c.softcap = 3.f, c.heads_kv = 1;
+    c.wl = 20, c.wr = 2, c.softcap = 3.f, c.hkv = 1;
     expect_backward_matches(c);
     Case v;
-    v.varlen_q = {5, 0, 40};
-    v.varlen_k = {70, 6, 1};
+    v.lens_q = {5, 0, 40};
+    v.lens_k = {70, 6, 1};
     v.dtype = t;
     v.sinks = true;
     v.causal = true;
@@ -95,8 +95,8 @@ TEST(CpuBackward, Dropout) {
       Case c = with_lengths(70, 133);
       c.dtype = t;
       c.dropout_p = p;
-      c.heads_q = 4;
-      c.heads_kv = 2;
+      c.hq = 4;
+      c.hkv = 2;
       expect_backward_matches(c);
       c.causal = true;
       c.sinks = true;
@@ -104,11 +104,11 @@ TEST(CpuBackward, Dropout) {
       expect_backward_matches(c);
     }
     Case v;
-    v.varlen_q = {5, 0, 40};
-    v.varlen_k = {70, 6, 1};
+    v.lens_q = {5, 0, 40};
+    v.lens_k = {70, 6, 1};
     v.dtype = t;
     v.dropout_p = 0.2f;
-    v.window_left = 9, v.window_right = 2, v.softcap = 4.f;
+    v.wl = 9, v.wr = 2, v.softcap = 4.f;
     expect_backward_matches(v);
   }
 }
@@ -137,10 +137,10 @@ TEST(CpuBackward, DropoutMaskStatistics) {
 
 TEST(CpuBackward, VarlenSequsedStrides) {
   Case c;
-  c.varlen_q = {177, 3, 1, 40};
-  c.varlen_k = {245, 2, 5, 40};
-  c.heads_q = 4;
-  c.heads_kv = 2;
+  c.lens_q = {177, 3, 1, 40};
+  c.lens_k = {245, 2, 5, 40};
+  c.hq = 4;
+  c.hkv = 2;
   c.causal = true;
   expect_backward_matches(c);
   c.seqused_k = {200, 2, 0, 17};
@@ -154,15 +154,15 @@ TEST(CpuBackward, VarlenSequsedStrides) {
 TEST(CpuBackward, FullyMaskedRowsHaveZeroGradient) {
   Case c = with_lengths(40, 10);
   c.top_left = true;
-  c.window_left = 0;
-  c.window_right = 0;
+  c.wl = 0;
+  c.wr = 0;
   expect_backward_matches(c);
 }
 
 TEST(CpuBackward, DeterministicRunToRun) {
   Case c = with_lengths(200, 260);
-  c.heads_q = 4;
-  c.heads_kv = 1;
+  c.hq = 4;
+  c.hkv = 1;
   c.causal = true;
   Problem a(c), b(c);
   ASSERT_TRUE(a.run_forward().ok());
@@ -180,14 +180,14 @@ TEST(CpuBackward, MatchesFiniteDifferences) {
   for (int variant = 0; variant < 3; ++variant) {
     Case c = with_lengths(5, 7);
     c.dtype = FA_FLOAT32;
-    c.head_dim = 8;
-    c.heads_q = 2;
-    c.heads_kv = 1;
+    c.d = 8;
+    c.hq = 2;
+    c.hkv = 1;
     c.causal = variant == 1;
     c.softcap = variant == 2 ? 1.5f : 0.f;
-    c.alibi = variant == 2;
-    c.window_left = variant == 2 ? 3 : -1;
-    SCOPED_TRACE(c.name());
+    c.alibi = variant == 2 ? Alibi::kHeads : Alibi::kNone;
+    c.wl = variant == 2 ? 3 : -1;
+    SCOPED_TRACE(c.label());
     Problem pr(c);
     ASSERT_TRUE(pr.run_forward().ok());
     ASSERT_TRUE(pr.run_backward().ok());

@@ -33,8 +33,8 @@ class HeadDims : public ::testing::TestWithParam<std::pair<int, int>> {};
 TEST_P(HeadDims, MatchesReference) {
   for (bool causal : {false, true}) {
     Case c = with_lengths(77, 130);
-    c.head_dim = GetParam().first;
-    c.head_dim_v = GetParam().second;
+    c.d = GetParam().first;
+    c.dv = GetParam().second;
     c.causal = causal;
     expect_forward_matches(c);
   }
@@ -61,8 +61,8 @@ TEST(CpuForward, DtypesAndThreads) {
 TEST(CpuForward, GroupedQueryAttention) {
   for (auto [hq, hkv] : {std::pair<int, int>{8, 1}, {6, 2}, {4, 1}, {4, 4}}) {
     Case c = with_lengths(97, 161);
-    c.heads_q = hq;
-    c.heads_kv = hkv;
+    c.hq = hq;
+    c.hkv = hkv;
     c.causal = true;
     expect_forward_matches(c);
   }
@@ -72,15 +72,15 @@ TEST(CpuForward, Windows) {
   for (auto [l, r] : {std::pair<int, int>{16, 0}, {8, 8}, {0, 0}, {-1, 5}, {32, -1}, {100, 3}})
     for (auto lens : {std::pair<int, int>{130, 130}, {70, 200}, {200, 70}}) {
       Case c = with_lengths(lens.first, lens.second);
-      c.window_left = l;
-      c.window_right = r;
+      c.wl = l;
+      c.wr = r;
       expect_forward_matches(c);
       c.top_left = true;
       expect_forward_matches(c);
     }
   Case c = with_lengths(150, 150);
   c.causal = true;
-  c.window_left = 40;
+  c.wl = 40;
   expect_forward_matches(c);
 }
 
@@ -89,12 +89,12 @@ TEST(CpuForward, SoftcapAndAlibi) {
   c.softcap = 2.f;  // small cap: tanh is far from linear on these logits
   expect_forward_matches(c);
   c.softcap = 0.f;
-  c.alibi = true;
+  c.alibi = Alibi::kHeads;
   expect_forward_matches(c);
   c.causal = true;
   expect_forward_matches(c);
   c.softcap = 5.f;
-  c.window_left = 50;
+  c.wl = 50;
   c.top_left = true;
   expect_forward_matches(c);
 }
@@ -102,10 +102,10 @@ TEST(CpuForward, SoftcapAndAlibi) {
 TEST(CpuForward, Varlen) {
   for (bool causal : {false, true}) {
     Case c;
-    c.varlen_q = {177, 3, 64, 1};
-    c.varlen_k = {845, 2, 64, 300};
-    c.heads_q = 3;
-    c.heads_kv = 1;
+    c.lens_q = {177, 3, 64, 1};
+    c.lens_k = {845, 2, 64, 300};
+    c.hq = 3;
+    c.hkv = 1;
     c.causal = causal;
     expect_forward_matches(c);
     c.seqused_k = {700, 1, 0, 299};
@@ -128,8 +128,8 @@ TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfLse) {
   // Top-left window (0, 0) with more queries than keys: rows >= seqlen_k see nothing.
   Case c = with_lengths(40, 10);
   c.top_left = true;
-  c.window_left = 0;
-  c.window_right = 0;
+  c.wl = 0;
+  c.wr = 0;
   Problem pr(c);
   ASSERT_TRUE(pr.run_forward().ok());
   const detail::Problem p = pr.view();
@@ -151,10 +151,10 @@ TEST(CpuForward, NanInputPropagatesToItsRowOnly) {
   c.dtype = FA_FLOAT32;
   Problem pr(c);
   const float nan = std::nanf("");
-  std::memcpy(pr.q.data() + size_t(5 * c.heads_q * c.head_dim) * 4, &nan, 4);  // row 5, head 0, element 0
+  std::memcpy(pr.q.data() + size_t(5 * c.hq * c.d) * 4, &nan, 4);  // row 5, head 0, element 0
   ASSERT_TRUE(pr.run_forward().ok());
   const detail::Problem p = pr.view();
-  for (int64_t i = 0; i < c.seqlen_q; ++i) {
+  for (int64_t i = 0; i < c.sq; ++i) {
     const double o = reference::load(p, p.out, p.out_layout, 0, i, 0, 0);
     if (i == 5) {
       EXPECT_TRUE(std::isnan(o));

@@ -162,31 +162,31 @@ Case random_case(std::mt19937_64& rng) {
   c.dtype = pick({FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16}) == FA_FLOAT32 ? FA_FLOAT32
             : rng() % 2                                               ? FA_FLOAT16
                                                                       : FA_BFLOAT16;
-  c.heads_kv = pick({1, 2});
-  c.heads_q = c.heads_kv * pick({1, 2, 3});
-  c.head_dim = pick({8, 16, 24, 64});
-  c.head_dim_v = rng() % 4 == 0 ? pick({8, 32}) : 0;
+  c.hkv = pick({1, 2});
+  c.hq = c.hkv * pick({1, 2, 3});
+  c.d = pick({8, 16, 24, 64});
+  c.dv = rng() % 4 == 0 ? pick({8, 32}) : 0;
   if (rng() % 3 == 0) {
     const int n = int(pick({1, 2, 3}));
     for (int b = 0; b < n; ++b) {
-      c.varlen_q.push_back(int32_t(pick({0, 1, 5, 17, 70})));
-      c.varlen_k.push_back(int32_t(pick({0, 1, 9, 33, 65})));
+      c.lens_q.push_back(int32_t(pick({0, 1, 5, 17, 70})));
+      c.lens_k.push_back(int32_t(pick({0, 1, 9, 33, 65})));
     }
     if (rng() % 4 == 0)
-      for (int b = 0; b < n; ++b) c.seqused_k.push_back(int32_t(rng() % (c.varlen_k[size_t(b)] + 1)));
+      for (int b = 0; b < n; ++b) c.seqused_k.push_back(int32_t(rng() % (c.lens_k[size_t(b)] + 1)));
   } else {
     c.batch = pick({0, 1, 2, 2});
-    c.seqlen_q = pick({0, 1, 7, 17, 64, 65, 100});
-    c.seqlen_k = pick({0, 1, 9, 33, 64, 130});
+    c.sq = pick({0, 1, 7, 17, 64, 65, 100});
+    c.sk = pick({0, 1, 9, 33, 64, 130});
   }
   c.causal = rng() % 3 == 0;
   c.top_left = rng() % 3 == 0;
   if (rng() % 3 == 0) {
-    c.window_left = pick({-1, 0, 3, 40, int64_t(1) << 40, INT64_MAX - 1, INT64_MAX});
-    c.window_right = c.causal ? pick({-1, 0}) : pick({-1, 0, 2, 50, INT64_MAX});
+    c.wl = pick({-1, 0, 3, 40, int64_t(1) << 40, INT64_MAX - 1, INT64_MAX});
+    c.wr = c.causal ? pick({-1, 0}) : pick({-1, 0, 2, 50, INT64_MAX});
   }
   c.softcap = rng() % 4 == 0 ? float(pick({1, 5, 30})) : 0.f;
-  c.alibi = rng() % 4 == 0;
+  c.alibi = rng() % 4 == 0 ? Alibi::kHeads : Alibi::kNone;
   c.head_pad = rng() % 4 == 0 ? pick({8, 16}) : 0;
   c.threads = int(pick({0, 1, 3, 100000, INT_MAX}));
   return c;
@@ -208,17 +208,17 @@ int capi_case(uint64_t seed) {
   // case itself, so that the reference sees it too.
   if (m && m->keeps_problem) {
     fa_attention a = fa_attention_default();
-    a.window_left = c.window_left;
-    a.window_right = c.window_right;
+    a.window_left = c.wl;
+    a.window_right = c.wr;
     Call call{&a, {}, 0};
     m->apply(call, rng);
-    c.window_left = a.window_left;
-    c.window_right = a.window_right;
+    c.wl = a.window_left;
+    c.wr = a.window_right;
   }
-  std::fprintf(stderr, "case %s%s, mutation %s\n", c.name().c_str(), backward ? " bwd" : " fwd", m ? m->name : "none");
+  std::fprintf(stderr, "case %s%s, mutation %s\n", c.label().c_str(), backward ? " bwd" : " fwd", m ? m->name : "none");
   Problem pr(c);
   if (backward) {
-    if (c.causal && c.window_right > 0) return 0;  // not a valid forward to start from: covered by fwd cases
+    if (c.causal && c.wr > 0) return 0;  // not a valid forward to start from: covered by fwd cases
     Status st = pr.run_forward();
     if (!st.ok()) {
       std::fprintf(stderr, "status %d: %s\n", int(st.code), st.message.c_str());

@@ -11,9 +11,9 @@ namespace {
 
 size_t fwd_bwd_peak_scratch(int64_t seqlen) {
   Case c;
-  c.seqlen_q = c.seqlen_k = seqlen;
-  c.heads_q = c.heads_kv = 1;
-  c.head_dim = 64;
+  c.sq = c.sk = seqlen;
+  c.hq = c.hkv = 1;
+  c.d = 64;
   c.causal = true;
   Problem pr(c);
   cpu::reset_peak_scratch_bytes();
@@ -44,10 +44,10 @@ TEST(Memory, ForwardBackwardExtraMemoryIsLinear) {
 // thread: the MHA problem's accumulators (8 heads x 4096 keys x (64 + 64) x 4 B = 16.8 MB) shrink to one head's.
 size_t bwd_peak_scratch(int64_t heads_kv) {
   Case c;
-  c.seqlen_q = c.seqlen_k = 4096;
-  c.heads_q = 8;
-  c.heads_kv = heads_kv;
-  c.head_dim = 64;
+  c.sq = c.sk = 4096;
+  c.hq = 8;
+  c.hkv = heads_kv;
+  c.d = 64;
   c.threads = 1;
   Problem pr(c);
   EXPECT_TRUE(pr.run_forward().ok());

@@ -24,18 +24,18 @@ struct Rule {
 
 Case base() {
   Case c;
-  c.seqlen_q = 9;
-  c.seqlen_k = 11;
-  c.heads_q = 4;
-  c.heads_kv = 2;
-  c.head_dim = 16;
+  c.sq = 9;
+  c.sk = 11;
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = 16;
   return c;
 }
 
 Case varlen_base() {
   Case c = base();
-  c.varlen_q = {4, 5};
-  c.varlen_k = {6, 5};
+  c.lens_q = {4, 5};
+  c.lens_k = {6, 5};
   return c;
 }
 
@@ -282,7 +282,7 @@ TEST(Validation, CpuRejectsSequencesBeyondExactFloatPositions) {
 
 TEST(Validation, EmptyProblemsAreValid) {
   Case c = base();
-  c.seqlen_k = 0;
+  c.sk = 0;
   Problem pr(c);
   ASSERT_TRUE(pr.run_forward().ok());
   for (float l : pr.lse) EXPECT_EQ(l, -INFINITY);
@@ -329,12 +329,12 @@ TEST(Validation, OutputsMustNotOverlap) {
 // qkvpacked backward allocates) and q/out side by side in one row-interleaved buffer.
 TEST(Validation, InterleavedViewsAreNotOverlap) {
   Case c = base();
-  c.seqlen_k = c.seqlen_q;
-  c.heads_kv = c.heads_q;
+  c.sk = c.sq;
+  c.hkv = c.hq;
   Problem pr(c);
   ASSERT_TRUE(pr.run_forward().ok());
   ASSERT_TRUE(pr.run_backward().ok());
-  const int64_t S = c.seqlen_q, H = c.heads_q, D = c.head_dim;
+  const int64_t S = c.sq, H = c.hq, D = c.d;
   std::vector<uint16_t> dqkv(size_t(S * 3 * H * D), 0xffff);
   BwdParams b = pr.bwd();
   for (int i = 0; i < 3; ++i) {
@@ -435,15 +435,15 @@ TEST(Validation, HugeWindowsMeanUnbounded) {
                                  {11, 11},
                                  {INT64_MAX, -1}}) {
         Case c = base();
-        c.seqlen_q = sq;
-        c.seqlen_k = sk;
+        c.sq = sq;
+        c.sk = sk;
         c.top_left = top_left;
-        c.window_left = left;
-        c.window_right = right;
-        SCOPED_TRACE(c.name());
+        c.wl = left;
+        c.wr = right;
+        SCOPED_TRACE(c.label());
         Case u = c;
-        u.window_left = left >= 11 ? -1 : left;
-        u.window_right = right >= 11 ? -1 : right;
+        u.wl = left >= 11 ? -1 : left;
+        u.wr = right >= 11 ? -1 : right;
         Problem huge(c), unbounded(u);
         ASSERT_TRUE(huge.run_forward().ok());
         ASSERT_TRUE(unbounded.run_forward().ok());
@@ -456,7 +456,7 @@ TEST(Validation, HugeWindowsMeanUnbounded) {
       }
   Case c = base();
   c.causal = true;
-  c.window_left = INT64_MAX;
+  c.wl = INT64_MAX;
   expect_matches_reference(c, true);
 }
 
@@ -511,8 +511,8 @@ TEST(Validation, EmptyTensorsWithZeroStrides) {
   for (int which : {0, 1, 2}) {
     Case c = base();
     if (which == 0) c.batch = 0;
-    if (which == 1) c.seqlen_q = 0;
-    if (which == 2) c.seqlen_k = 0;
+    if (which == 1) c.sq = 0;
+    if (which == 2) c.sk = 0;
     SCOPED_TRACE(which);
     Problem pr(c);
     BwdParams b = pr.bwd();

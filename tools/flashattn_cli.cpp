@@ -100,8 +100,6 @@ fa_dtype parse_dtype(const std::string& s) {
   die("--dtype: expected bf16, fp16 or fp32, got '" + s + "'");
 }
 
-const char* short_dtype(fa_dtype t) { return t == FA_BFLOAT16 ? "bf16" : t == FA_FLOAT16 ? "fp16" : "fp32"; }
-
 struct Args {
   Shape shape;
   Options opt;
@@ -287,7 +285,7 @@ int cmd_bench(Args a) {
                          a.opt.backward ? (" bwd " + std::to_string(r.bwd_tflops).substr(0, 7)).c_str() : "", el);
           else
             std::fprintf(stderr, "error: %s\n", r.error.c_str());
-          rows.push_back({short_dtype(dt), mask, d, sl, s.batch, s.heads, r});
+          rows.push_back({dtype_short_name(dt), mask, d, sl, s.batch, s.heads, r});
         }
   const std::string backend = rows.empty() ? "none" : rows[0].r.backend;
   std::ostringstream csv, md;

@@ -72,11 +72,23 @@ inline BwdParams make_bwd_params() {
 
 inline std::size_t dtype_size(fa_dtype t) { return t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : 4; }
 
+// The one name of each dtype (numpy's and torch's spelling), for messages and reports, in the library and its tools.
 inline const char* dtype_name(fa_dtype t) {
   switch (t) {
     case FA_FLOAT32: return "float32";
     case FA_FLOAT16: return "float16";
     case FA_BFLOAT16: return "bfloat16";
+    case FA_INT32: return "int32";
+  }
+  return "unknown";
+}
+
+// The short spelling (bf16, fp16, fp32) of the command line, the benchmark tables and the test case names.
+inline const char* dtype_short_name(fa_dtype t) {
+  switch (t) {
+    case FA_FLOAT32: return "fp32";
+    case FA_FLOAT16: return "fp16";
+    case FA_BFLOAT16: return "bf16";
     case FA_INT32: return "int32";
   }
   return "unknown";

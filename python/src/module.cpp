@@ -39,7 +39,8 @@ using OptOut = std::optional<Out>;
   }
 }
 
-std::string dtype_name(nb::dlpack::dtype t) {
+// A DLPack dtype the C ABI may have no code for (fa_dtype values are named by flashattn::dtype_name).
+std::string dlpack_dtype_name(nb::dlpack::dtype t) {
   const char* kind = "unknown";
   switch (nb::dlpack::dtype_code(t.code)) {
     case nb::dlpack::dtype_code::Int: kind = "int"; break;
@@ -70,7 +71,8 @@ fa_dtype to_fa_dtype(const char* name, nb::dlpack::dtype t) {
   if (t == nb::dtype<int32_t>()) return FA_INT32;
   if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Float)) return FA_FLOAT16;
   if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Bfloat)) return FA_BFLOAT16;
-  raise(PyExc_ValueError, std::string(name) + ": dtype must be " + dtype_rule(name) + " (got " + dtype_name(t) + ")");
+  raise(PyExc_ValueError,
+        std::string(name) + ": dtype must be " + dtype_rule(name) + " (got " + dlpack_dtype_name(t) + ")");
 }
 
 // A non-owning fa_tensor view of a DLPack array (strides in elements, as DLPack and fa_tensor both use).

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/problem.hpp"
+#include "flashattn/flashattn.hpp"  // dtype_name: the one spelling of a dtype in messages
 
 namespace flashattn::detail {
 
@@ -21,16 +22,6 @@ constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kHeadDimMultiple = 8;
 // Batch, heads and sequence lengths are int32 in the kernels (and cu_seqlens are int32 anyway).
 constexpr int64_t kMaxCount = (int64_t(1) << 31) - 1;
-
-const char* dtype_str(fa_dtype t) {
-  switch (t) {
-    case FA_FLOAT32: return "float32";
-    case FA_FLOAT16: return "float16";
-    case FA_BFLOAT16: return "bfloat16";
-    case FA_INT32: return "int32";
-  }
-  return "an unknown dtype";
-}
 
 int64_t elem_size(fa_dtype t) { return t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : 4; }
 
@@ -197,8 +188,8 @@ Error check_shape(const char* name, const fa_tensor& t, std::initializer_list<in
 
 Error check_dtype(const char* name, const fa_tensor& t, fa_dtype want, const char* rule) {
   if (t.dtype != want)
-    return invalid(name,
-                   std::string("dtype must be ") + dtype_str(want) + " " + rule + " (got " + dtype_str(t.dtype) + ")");
+    return invalid(
+        name, std::string("dtype must be ") + dtype_name(want) + " " + rule + " (got " + dtype_name(t.dtype) + ")");
   return ok();
 }
 
@@ -267,7 +258,7 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
 
   if (Error e = check_tensor("q", a.q, nd, a.q, true, req); !e.ok()) return e;
   if (a.q.dtype != FA_FLOAT32 && a.q.dtype != FA_FLOAT16 && a.q.dtype != FA_BFLOAT16)
-    return invalid("q", std::string("dtype must be float32, float16 or bfloat16 (got ") + dtype_str(a.q.dtype) + ")");
+    return invalid("q", std::string("dtype must be float32, float16 or bfloat16 (got ") + dtype_name(a.q.dtype) + ")");
   if (a.q.dtype == FA_FLOAT32 && !req.allows_float32)
     return unsupported(std::string("q: dtype float32 is not supported by the ") + req.name +
                        " backend (use float16 or bfloat16)");

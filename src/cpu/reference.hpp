@@ -34,6 +34,9 @@ void backward(const detail::Problem& p, Rounding rounding, Grads* result);
 // dQ of one query row.
 void backward_dq_row(const detail::Problem& p, Rounding rounding, int64_t b, int64_t h, int64_t i, double* dq_row);
 
+// The tolerance rule of every suite (docs/testing.md: the CPU and GPU C++ suites, `flashattn run --check`; the
+// Python suites state the same rule in bench/gpu/common.py and tests/python/fa_reference.py). It reads only
+// numbers, never a kernel: the float64 reference above stays the independent judge.
 // Accumulates the FlashAttention acceptance rule over many elements: max |ours - exact| must be at most
 // 2x max |plain - exact| (plain = Rounding::kStorage) plus a floor of one storage ulp at the largest
 // reference magnitude; any NaN where the reference is finite fails. Equal infinities (fully masked rows'

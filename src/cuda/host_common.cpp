@@ -26,8 +26,6 @@ detail::Error check_device_pointer(const char* name, const void* ptr, int device
   return detail::ok();
 }
 
-const char* dtype_name(fa_dtype t) { return t == FA_FLOAT16 ? "float16" : t == FA_BFLOAT16 ? "bfloat16" : "float32"; }
-
 int64_t gathered_bytes(const detail::Problem& p, bool values) {
   return p.batch * p.seqlen_k * p.heads_kv * (values ? p.head_dim_v : p.head_dim) * 2;  // 16-bit storage
 }

@@ -22,7 +22,6 @@ BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan);
 using BwdLaunch = cudaError_t (*)(const BwdParams&, const BwdPlan&, cudaStream_t);
 detail::Error run_backward_in_workspace(const detail::Problem& p, const BwdPlan& plan, const char* family,
                                         BwdLaunch launch, cudaStream_t stream);
-const char* dtype_name(fa_dtype t);  // the 16-bit storage types the CUDA kernels take, for messages
 
 // Paged calls a family cannot read natively (PagedLoad::kGather): the problem over contiguous (B, seqlen_k, Hkv,
 // D/Dv) copies of its keys at k / v (null when only planning), and the bytes of each copy. The gather kernel

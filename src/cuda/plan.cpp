@@ -8,6 +8,7 @@
 #include "cuda/host_common.hpp"
 #include "cuda/sm80/tiles.hpp"
 #include "cuda/sm90/tiles.hpp"
+#include "flashattn/flashattn.hpp"  // dtype_name: the one spelling of a dtype in messages
 
 namespace flashattn::cuda {
 
@@ -174,10 +175,10 @@ detail::Error grid_fits_sm80(const detail::Problem& p) {
 detail::Error plan_sm80(const detail::Problem& p, FwdPlan* plan) {
   const Instance instance = sm80::find_fwd(p.dtype, max_head_dim(p));
   if (!instance.found())
-    return detail::unsupported("q: the cuda-sm80 backend has no kernel for " + std::string(dtype_name(p.dtype)) +
-                               " with head_dim " + std::to_string(p.head_dim) + ", head_dim_v " +
-                               std::to_string(p.head_dim_v) + " in this build (built: " + sm80::built_list() +
-                               "; FLASHATTN_KERNELS=default or all builds more)");
+    return detail::unsupported(
+        "q: the cuda-sm80 backend has no kernel for " + std::string(flashattn::dtype_name(p.dtype)) +
+        " with head_dim " + std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) +
+        " in this build (built: " + sm80::built_list() + "; FLASHATTN_KERNELS=default or all builds more)");
   if (detail::Error e = grid_fits_sm80(p); !e.ok()) return e;
   FwdPlan& f = *plan = instance_plan(Family::kSm80, p, instance);
   f.compact = sm80::fwd_compact(instance.head_dim, f.windowed, p.seqlen_k);
@@ -302,8 +303,9 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
   const Instance instance = sm80::find_bwd(p.dtype, max_head_dim(p));
   if (!instance.found())
     return detail::unsupported("q: the cuda-sm80 backend has no backward kernel for " +
-                               std::string(dtype_name(p.dtype)) + " with head_dim " + std::to_string(p.head_dim) +
-                               ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build");
+                               std::string(flashattn::dtype_name(p.dtype)) + " with head_dim " +
+                               std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) +
+                               " in this build");
   if (detail::Error e = grid_fits_sm80(p); !e.ok()) return e;
   b.family = Family::kSm80;
   b.instance = instance.index;

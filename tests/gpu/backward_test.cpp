@@ -1,7 +1,7 @@
 // GPU correctness of fa_backward (cuda-sm80 and cuda-sm90) against the float64 reference (src/cpu/reference.hpp).
 // Every case: fresh random q, k, v, dO; out and LSE from the GPU forward (itself checked by forward_test.cpp);
-// dq, dk, dv poisoned with NaN before the backward; then per tensor the FlashAttention rule of
-// reference::Comparison: max |ours - exact| <= 2 * max |plain low-precision - exact| + one storage ulp at the
+// dq, dk, dv poisoned with NaN before the backward; then per tensor the suites' one rule (docs/testing.md,
+// reference::Comparison): max |ours - exact| <= 2 * max |plain low-precision - exact| + one storage ulp at the
 // largest reference magnitude, NaN never passes. Deterministic mode is also checked for bit-identical reruns.
 // Skips (GTEST_SKIP) when no CUDA device is present.
 #include <gtest/gtest.h>
@@ -30,12 +30,13 @@ namespace ref = flashattn::reference;
 std::string bwd_case_name(const testing::TestParamInfo<Case>& i) { return i.param.name; }
 
 void run_backward_case(const Case& c) {
+  ASSERT_EQ(fields_not_built_here(c), "") << "the GPU runners do not build these fields";
   CaseGeometry geo(c);  // non-const: the host reference reads cu_seqlens through void*
   auto& [varlen, batch, cu_q, cu_k, rows_q, rows_k, nb] = geo;
-  const int64_t pad = c.row_pad;
+  const int64_t pad = c.row_pad, dim_v = c.value_dim();
   const int64_t gq = nb * rows_q, gk = nb * rows_k;  // global rows
   const size_t nq = size_t(gq * (c.hq * c.d + pad)), nk = size_t(gk * (c.hkv * c.d + pad));
-  const size_t nv = size_t(gk * (c.hkv * c.dv + pad)), no = size_t(gq * (c.hq * c.dv + pad));
+  const size_t nv = size_t(gk * (c.hkv * dim_v + pad)), no = size_t(gq * (c.hq * dim_v + pad));
   const size_t nl = size_t(nb * c.hq * rows_q);
 
   std::mt19937 rng(std::hash<std::string>{}("bwd_" + c.name));
@@ -47,12 +48,12 @@ void run_backward_case(const Case& c) {
   };
   std::vector<uint16_t> hq = fill(nq), hk = fill(nk), hv = fill(nv), hdo = fill(no);
   std::vector<float> slopes;
-  if (c.alibi) {
+  if (c.alibi != Alibi::kNone) {
     std::uniform_real_distribution<float> u(0.05f, 0.5f);
-    slopes.resize(size_t((c.alibi == 2 ? batch : 1) * c.hq));
+    slopes.resize(size_t((c.alibi == Alibi::kBatch ? batch : 1) * c.hq));
     for (auto& s : slopes) s = u(rng);
   }
-  std::vector<int32_t> used(c.used_k.begin(), c.used_k.end());
+  std::vector<int32_t> used(c.seqused_k.begin(), c.seqused_k.end());
   std::vector<float> sink_logits;
   if (c.sinks) {
     std::uniform_real_distribution<float> u(-2.f, 4.f);
@@ -84,12 +85,12 @@ void run_backward_case(const Case& c) {
     p.attn = fa_attention_default();
     p.attn.q = view(x.q, c.dtype, dev, varlen, batch, rows_q, c.hq, c.d, pad);
     p.attn.k = view(x.k, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.d, pad);
-    p.attn.v = view(x.v, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.dv, pad);
-    p.out = view(x.out, c.dtype, dev, varlen, batch, rows_q, c.hq, c.dv, pad);
-    p.dout = view(x.dout, c.dtype, dev, varlen, batch, rows_q, c.hq, c.dv, pad);
+    p.attn.v = view(x.v, c.dtype, dev, varlen, batch, rows_k, c.hkv, dim_v, pad);
+    p.out = view(x.out, c.dtype, dev, varlen, batch, rows_q, c.hq, dim_v, pad);
+    p.dout = view(x.dout, c.dtype, dev, varlen, batch, rows_q, c.hq, dim_v, pad);
     p.dq = view(x.dq, c.dtype, dev, varlen, batch, rows_q, c.hq, c.d, pad);
     p.dk = view(x.dk, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.d, pad);
-    p.dv = view(x.dv, c.dtype, dev, varlen, batch, rows_k, c.hkv, c.dv, pad);
+    p.dv = view(x.dv, c.dtype, dev, varlen, batch, rows_k, c.hkv, dim_v, pad);
     if (varlen) {
       int64_t s[2] = {c.hq, rows_q};
       p.lse = fa_make_tensor(x.lse, FA_FLOAT32, dev, 2, s);
@@ -107,12 +108,12 @@ void run_backward_case(const Case& c) {
       p.attn.seqused_k = fa_make_tensor(x.used, FA_INT32, dev, 1, &nu);
     }
     p.attn.causal = c.causal;
-    p.attn.causal_alignment = c.align;
+    p.attn.causal_alignment = c.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
     p.attn.window_left = c.wl;
     p.attn.window_right = c.wr;
     p.attn.softcap = c.softcap;
-    if (c.alibi == 1) p.attn.alibi_slopes = fa_make_tensor(x.slopes, FA_FLOAT32, dev, 1, &c.hq);
-    if (c.alibi == 2) {
+    if (c.alibi == Alibi::kHeads) p.attn.alibi_slopes = fa_make_tensor(x.slopes, FA_FLOAT32, dev, 1, &c.hq);
+    if (c.alibi == Alibi::kBatch) {
       int64_t s[2] = {batch, c.hq};
       p.attn.alibi_slopes = fa_make_tensor(x.slopes, FA_FLOAT32, dev, 2, s);
     }
@@ -149,8 +150,8 @@ void run_backward_case(const Case& c) {
   // ALiBi or deterministic mode (plan.cpp); everything else is the sm80 backward.
   fa_plan_info plan{};
   ASSERT_EQ(fa_backward_plan(&gp, &exec, &plan), FA_OK) << fa_last_error();
-  const bool sm90_takes = c.backend == FA_BACKEND_CUDA_SM90 && std::max(c.d, c.dv) <= 128 && c.softcap == 0.f &&
-                          c.alibi == 0 && !c.deterministic;
+  const bool sm90_takes = c.backend == FA_BACKEND_CUDA_SM90 && std::max(c.d, dim_v) <= 128 && c.softcap == 0.f &&
+                          c.alibi == Alibi::kNone && !c.deterministic;
   EXPECT_STREQ(plan.kernels, sm90_takes ? "cuda-sm90" : "cuda-sm80");
   const std::vector<uint16_t> got_q = dq.download(), got_k = dk.download(), got_v = dv.download();
   const std::vector<float> got_dsinks = c.sinks ? ddsinks.download() : std::vector<float>{};
@@ -196,7 +197,7 @@ void run_backward_case(const Case& c) {
   // Only rows inside a sequence are compared (varlen tensors have no others here).
   auto compare = [&](const char* what, const std::vector<uint16_t>& ours, const std::vector<double>& ex,
                      const std::vector<double>& pl, int64_t heads, int64_t rows, int64_t dim) {
-    ref::Comparison cmp(c.dtype);
+    Comparison cmp(c.dtype);
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t g = 0; g < rows; ++g)
         for (int64_t col = 0; col < dim; ++col) {
@@ -208,18 +209,18 @@ void run_backward_case(const Case& c) {
   };
   compare("dq", got_q, exact.dq, plain.dq, c.hq, gq, c.d);
   compare("dk", got_k, exact.dk, plain.dk, c.hkv, gk, c.d);
-  compare("dv", got_v, exact.dv, plain.dv, c.hkv, gk, c.dv);
-  if (c.sinks) {  // the rule of the CPU suite (tests/attention_case.cpp): the storage dtype's
-    ref::Comparison cmp(c.dtype);
+  compare("dv", got_v, exact.dv, plain.dv, c.hkv, gk, dim_v);
+  if (c.sinks) {  // with the storage dtype's floor, as in the CPU suites (tests/attention_case.cpp)
+    Comparison cmp(c.dtype);
     for (int64_t h = 0; h < c.hq; ++h) cmp.add(got_dsinks[size_t(h)], exact.dsinks[size_t(h)], plain.dsinks[size_t(h)]);
     EXPECT_TRUE(cmp.passed()) << "dsinks: " << cmp.summary();
   }
 }
 
-constexpr MaskKind kMasks[] = {{"none", false, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
-                               {"causal_br", true, FA_ALIGN_BOTTOM_RIGHT, -1, -1},
-                               {"causal_tl", true, FA_ALIGN_TOP_LEFT, -1, -1},
-                               {"window", false, FA_ALIGN_BOTTOM_RIGHT, 37, 5}};
+constexpr MaskKind kMasks[] = {{"none", false, false, -1, -1},
+                               {"causal_br", true, false, -1, -1},
+                               {"causal_tl", true, true, -1, -1},
+                               {"window", false, false, 37, 5}};
 
 // A hand-aligned case table: one case or rule per line.
 // clang-format off
@@ -249,9 +250,9 @@ std::vector<Case> backward_cases() {
     c.name = "softcap"; c.softcap = 5.f; add(c);
     c.name = "softcap_causal_fp16"; c.dtype = FA_FLOAT16; c.causal = true; add(c);
     c.softcap = 0.f; c.dtype = FA_BFLOAT16;
-    c.name = "alibi"; c.alibi = 1; c.causal = false; add(c);
-    c.name = "alibi_batch_causal"; c.alibi = 2; c.batch = 2; c.causal = true; add(c);
-    c.name = "alibi_softcap_window"; c.alibi = 1; c.softcap = 3.f; c.wl = 50, c.wr = 10; c.causal = false; add(c);
+    c.name = "alibi"; c.alibi = Alibi::kHeads; c.causal = false; add(c);
+    c.name = "alibi_batch_causal"; c.alibi = Alibi::kBatch; c.batch = 2; c.causal = true; add(c);
+    c.name = "alibi_softcap_window"; c.alibi = Alibi::kHeads; c.softcap = 3.f; c.wl = 50, c.wr = 10; c.causal = false; add(c);
   }
   {  // learnable sinks: dsinks from the backward's D (both families; sm90: d <= 128 without softcap)
     Case c; c.sq = 130, c.sk = 90, c.hq = 4, c.hkv = 2; c.sinks = true; c.causal = true;
@@ -264,11 +265,11 @@ std::vector<Case> backward_cases() {
     Case c; c.d = c.dv = 64;
     c.name = "varlen"; c.lens_q = {1, 17, 0, 239, 128, 90}; c.lens_k = {1, 33, 5, 239, 1, 129}; add(c);
     c.name = "varlen_causal_d128"; c.d = c.dv = 128; c.causal = true; add(c);
-    c.name = "varlen_window_tl_gqa"; c.hq = 4, c.hkv = 2; c.causal = false; c.wl = 20, c.wr = 20; c.align = FA_ALIGN_TOP_LEFT; add(c);
+    c.name = "varlen_window_tl_gqa"; c.hq = 4, c.hkv = 2; c.causal = false; c.wl = 20, c.wr = 20; c.top_left = true; add(c);
     c.name = "varlen_window_tl_gqa_deterministic"; c.deterministic = true; add(c);
     Case u; u.d = u.dv = 128; u.batch = 3; u.sq = 70, u.sk = 200;
-    u.name = "seqused_k"; u.used_k = {0, 77, 200}; add(u);
-    u.name = "seqused_k_causal_varlen"; u.lens_q = {50, 64, 3}; u.lens_k = {100, 64, 130}; u.used_k = {60, 0, 130}; u.causal = true; add(u);
+    u.name = "seqused_k"; u.seqused_k = {0, 77, 200}; add(u);
+    u.name = "seqused_k_causal_varlen"; u.lens_q = {50, 64, 3}; u.lens_k = {100, 64, 130}; u.seqused_k = {60, 0, 130}; u.causal = true; add(u);
     Case s; s.sq = 97, s.sk = 143, s.d = s.dv = 64; s.row_pad = 8; s.hq = 3, s.hkv = 3;
     s.name = "strided_rows"; add(s);
     s.name = "strided_rows_deterministic"; s.deterministic = true; add(s);
@@ -307,7 +308,7 @@ std::vector<Case> backward_sanitizer_cases() {
   g.name = "bwd_gqa_deterministic"; v.push_back(g);
   Case vg; vg.lens_q = {3, 70, 130}; vg.lens_k = {40, 9, 150}; vg.hq = 4, vg.hkv = 2; vg.wl = 10, vg.wr = 4;
   vg.name = "bwd_varlen_window_gqa_d64"; v.push_back(vg);
-  Case c; c.d = c.dv = 72; c.lens_q = {3, 70}; c.lens_k = {40, 9}; c.wl = 10, c.wr = 4; c.alibi = 1; c.softcap = 2.f;
+  Case c; c.d = c.dv = 72; c.lens_q = {3, 70}; c.lens_k = {40, 9}; c.wl = 10, c.wr = 4; c.alibi = Alibi::kHeads; c.softcap = 2.f;
   c.name = "bwd_varlen_window_alibi_softcap_d72"; v.push_back(c);
   return v;
 }

@@ -1,4 +1,5 @@
-// Shared pieces of the GPU test binary: the case description, device buffers, and tensor views.
+// Shared pieces of the GPU test binary: device buffers, tensor views and case tables over the suites' one Case
+// (tests/case.hpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "case.hpp"
 #include "cpu/numeric.hpp"
 #include "flashattn/flashattn.h"
 
@@ -38,28 +40,24 @@ inline bool sm90_unavailable_message(const std::string& msg) {
   return unavailable && !sm90_required();
 }
 
-inline const char* backend_label(fa_backend b) {
-  return b == FA_BACKEND_CUDA_SM90 ? "cuda-sm90" : b == FA_BACKEND_CUDA_SM80 ? "cuda-sm80" : nullptr;
-}
+// The one case vocabulary of the suites (tests/case.hpp); fields the GPU tables leave at their defaults mean the
+// same as in the CPU suites.
+using flashattn::testing::Alibi;
+using flashattn::testing::backend_label;
+using flashattn::testing::Case;
+using flashattn::testing::Comparison;
 
-struct Case {
-  std::string name;
-  fa_dtype dtype = FA_BFLOAT16;
-  int64_t batch = 1, sq = 1, sk = 1, hq = 2, hkv = 2, d = 64, dv = 64;
-  bool causal = false;
-  fa_causal_alignment align = FA_ALIGN_BOTTOM_RIGHT;
-  int64_t wl = -1, wr = -1;
-  float softcap = 0.f;
-  int alibi = 0;                         // 0 none, 1: (Hq), 2: (B, Hq)
-  std::vector<int> lens_q, lens_k;       // varlen when non-empty
-  std::vector<int> used_k;               // seqused_k when non-empty
-  bool nan_past_used = false;            // K/V rows past seqused_k hold NaN (unwritten cache slots must not leak)
-  int64_t row_pad = 0;                   // extra elements per row (non-contiguous strides)
-  bool deterministic = false;            // backward: bit-identical reruns, no atomics
-  fa_backend backend = FA_BACKEND_AUTO;  // forward: which CUDA backend runs the case
-  int num_splits = 0;                    // forward: exec.num_splits (0: the plan picks)
-  bool sinks = false;                    // learnable sink logits, one per query head
-};
+// Fields of the shared Case this binary's runners do not build (the CPU suites' Problem does): a table that sets
+// one fails its case instead of silently running another problem. Empty when the case is expressible here.
+inline std::string fields_not_built_here(const Case& c) {
+  std::string s;
+  if (c.head_pad) s += " head_pad";
+  if (c.dropout_p > 0.f) s += " dropout_p";
+  if (!c.lse) s += " lse=false";
+  if (c.threads) s += " threads";
+  if (c.seed != Case{}.seed) s += " seed (the GPU runners seed from the name)";
+  return s;
+}
 
 // The same cases once per CUDA backend; names get the backend as a prefix.
 inline std::vector<Case> for_backends(const std::vector<Case>& cases, std::initializer_list<fa_backend> backends) {
@@ -144,8 +142,7 @@ inline fa_tensor view(void* data, fa_dtype dt, fa_device dev, bool varlen, int64
 
 struct MaskKind {
   const char* name;
-  bool causal;
-  fa_causal_alignment align;
+  bool causal, top_left;
   int64_t wl, wr;
 };
 
@@ -163,9 +160,9 @@ std::vector<Case> shape_mask_grid(const std::pair<int64_t, int64_t> (&shapes)[kS
         c.sq = shapes[si].first, c.sk = shapes[si].second;
         c.d = c.dv = hdims[si];
         c.batch = c.sq * c.sk < 10000 ? 2 : 1;
-        c.causal = m.causal, c.align = m.align, c.wl = m.wl, c.wr = m.wr;
-        c.name = std::string(dt == FA_FLOAT16 ? "fp16" : "bf16") + "_" + std::to_string(c.sq) + "x" +
-                 std::to_string(c.sk) + "_d" + std::to_string(c.d) + "_" + m.name;
+        c.causal = m.causal, c.top_left = m.top_left, c.wl = m.wl, c.wr = m.wr;
+        c.name = std::string(dtype_short_name(dt)) + "_" + std::to_string(c.sq) + "x" + std::to_string(c.sk) + "_d" +
+                 std::to_string(c.d) + "_" + m.name;
         v.push_back(c);
       }
   return v;

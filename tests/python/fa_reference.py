@@ -164,10 +164,17 @@ def max_error(got, want):
     return float(np.abs(got[~inf_w] - want[~inf_w]).max())
 
 
-# The floor of the tolerance, per storage dtype (as the core's reference::Comparison): one unit of
-# rounding of the 16-bit formats; for float32 a floor far below any real defect that covers float32
-# accumulation over long rows (the plain implementation here accumulates in float64).
-STORAGE_EPS = {np.float16: 2.0 ** -10, np.float32: 1e-6}
+# The floor of the tolerance, per storage dtype by name: the suites' one rule (docs/testing.md; the core's
+# reference::Comparison, bench/gpu/common.tolerance). One unit of rounding of the 16-bit formats; for float32 a
+# floor far below any real defect that covers float32 accumulation over long rows. The torch suites key it by
+# torch dtype (storage_eps_by(torch)).
+STORAGE_EPS_BY_NAME = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 1e-6}
+STORAGE_EPS = {np.float16: STORAGE_EPS_BY_NAME["float16"], np.float32: STORAGE_EPS_BY_NAME["float32"]}
+
+
+def storage_eps_by(module) -> dict:
+    """STORAGE_EPS_BY_NAME keyed by the dtype objects of an array module (torch: torch.bfloat16, ...)."""
+    return {getattr(module, name): eps for name, eps in STORAGE_EPS_BY_NAME.items() if hasattr(module, name)}
 
 
 def tolerance(exact, plain, dtype):

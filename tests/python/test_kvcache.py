@@ -16,8 +16,11 @@ torch = pytest.importorskip("torch")
 
 from flashattn import flash_attn_with_kvcache, ops  # noqa: E402
 
+from fa_reference import storage_eps_by  # noqa: E402
+
 HAS_CUDA = torch.cuda.is_available() and ops.cuda_available()
-EPS = {torch.float32: 1e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+# Floors of the tolerance per storage dtype: the suites' one rule (docs/testing.md), from fa_reference.
+EPS = storage_eps_by(torch)
 CASES = [("cpu", torch.float32), ("cpu", torch.bfloat16)]
 if HAS_CUDA:
     CASES += [("cuda", torch.bfloat16), ("cuda", torch.float16)]

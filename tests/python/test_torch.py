@@ -32,6 +32,8 @@ from flashattn import (  # noqa: E402
 )
 from flashattn.interface import AttnOptions  # noqa: E402
 
+from fa_reference import storage_eps_by  # noqa: E402
+
 HAS_CUDA = torch.cuda.is_available() and ops.cuda_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of flashattn")
 
@@ -53,8 +55,8 @@ HAS_CUDA_BACKWARD = _cuda_backward_built()
 requires_cuda_backward = pytest.mark.skipif(
     not HAS_CUDA_BACKWARD, reason="needs a CUDA build whose backend implements the backward")
 
-# Floors of the tolerance per storage dtype (as fa_reference.STORAGE_EPS and the core's Comparison).
-STORAGE_EPS = {torch.float32: 1e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+# Floors of the tolerance per storage dtype: the suites' one rule (docs/testing.md), from fa_reference.
+STORAGE_EPS = storage_eps_by(torch)
 
 
 def math_attention(q, k, v, causal=False, top_left=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None,

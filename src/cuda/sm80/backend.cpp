@@ -6,6 +6,7 @@
 #include "cuda/host_common.hpp"
 #include "cuda/sm80/bwd_params.hpp"
 #include "cuda/sm80/fwd_params.hpp"
+#include "flashattn/flashattn.hpp"  // dtype_name: the one spelling of a dtype in messages
 
 namespace flashattn::cuda::sm80 {
 
@@ -65,7 +66,7 @@ Instance find_bwd(fa_dtype dtype, int64_t need) { return find(kBwdKernels, dtype
 std::string built_list() {
   std::string s;
   for (const FwdKernel& k : kFwdKernels)
-    s += (s.empty() ? "" : ", ") + std::string(dtype_name(k.dtype)) + "/d" + std::to_string(k.head_dim);
+    s += (s.empty() ? "" : ", ") + std::string(flashattn::dtype_name(k.dtype)) + "/d" + std::to_string(k.head_dim);
   return s;
 }
 
