@@ -208,6 +208,7 @@ int worker_child(const Worker& w, fa_backend backend) {
     const uint64_t seed = case_seed(w.cases[k]);
     append(w.progress, "S " + std::to_string(k) + "\n");
     if (!std::freopen(w.log.c_str(), "w", stderr)) return 97;
+    std::setvbuf(stderr, nullptr, _IONBF, 0);  // a crash must not lose what the case printed
     alarm(kCaseTimeoutS);
     Outcome outcome = Outcome::kNotRun;
     int rc = kCaseFailed;
