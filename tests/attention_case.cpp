@@ -220,7 +220,7 @@ Accuracy Problem::check_backward() const {
         const int64_t g = p.varlen ? p.host_cu_q[b] + i : b * p.seqlen_q + i;
         for (int64_t x = 0; x < d; ++x) {
           const size_t ri = size_t((h * p.total_q + g) * d + x);
-          acc.dq.add(reference::load(p, p.dq, p.dq_layout, b, i, h, x), exact.dq[ri], plain.dq[ri]);
+          acc.dq.add(reference::load(p, p.dq, p.dq_layout, b, i, h, x), exact.dq[ri], plain.dq[ri], exact.dq_noise[ri]);
         }
       }
     // Every key row of the sequence, including those past seqused_k (their gradient is 0).
@@ -230,7 +230,7 @@ Accuracy Problem::check_backward() const {
         const int64_t g = p.varlen ? p.host_cu_k[b] + j : b * p.seqlen_k + j;
         for (int64_t x = 0; x < d; ++x) {
           const size_t ri = size_t((h * p.total_k + g) * d + x);
-          acc.dk.add(reference::load(p, p.dk, p.dk_layout, b, j, h, x), exact.dk[ri], plain.dk[ri]);
+          acc.dk.add(reference::load(p, p.dk, p.dk_layout, b, j, h, x), exact.dk[ri], plain.dk[ri], exact.dk_noise[ri]);
         }
         for (int64_t x = 0; x < dv; ++x) {
           const size_t ri = size_t((h * p.total_k + g) * dv + x);

@@ -4,7 +4,8 @@
 // message starts with "<argument>:") or succeeds with outputs that pass the float64 reference check.
 //
 //   C ABI: a random valid problem (small shapes, empty dimensions, every mask, huge windows and thread
-//          counts, packed layouts), then at most one breaking mutation from the list below.
+//          counts, packed layouts), then at most one breaking mutation (tests/fuzz_case.hpp, shared with the
+//          CUDA backends' fuzz in tests/gpu/fuzz_test.cpp); a refused call must also leave memory unchanged.
 //   CLI:   random option lists with malformed, negative, huge and valid values; the tool must exit 0, 1 or
 //          2 with a message, never with a signal, and `--check` must never print FAIL.
 // Cases per tier: FA_FUZZ_CASES (default: 300 C ABI + 150 CLI in the fast tier; the deep tier runs
@@ -25,6 +26,7 @@
 #include <string>
 
 #include "attention_case.hpp"
+#include "fuzz_case.hpp"
 
 namespace flashattn::testing {
 namespace {
@@ -71,187 +73,12 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// A named error: a known argument, a colon, the rule.
-// A hand-aligned case table: one case or rule per line.
-// clang-format off
-bool named(const std::string& message) {
-  static const char* kNames[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "cu_seqlens_q",
-                                 "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
-                                 "softcap", "window_left", "window_right", "causal_alignment", "alibi_slopes",
-                                 "dropout_p", "exec.backend", "exec.num_threads", "params", "cpu"};
-  for (const char* n : kNames) {
-    const std::string prefix = std::string(n) + ":";
-    if (message.compare(0, prefix.size(), prefix) == 0 && message.size() > prefix.size() + 2) return true;
-  }
-  return false;
-}
-
-// ---------------------------------------------------------------- the C ABI generator
-// The call being broken: its attention description and its tensors (inputs first, then the outputs).
-struct Call {
-  fa_attention* attn;
-  std::vector<fa_tensor*> tensors;
-  size_t first_output;
-};
-
-struct Mutation {
-  const char* name;
-  bool keeps_problem;  // an accepted call still computes the unbroken problem (checked against the reference)
-  std::function<void(Call&, std::mt19937_64&)> apply;
-};
-
-// Sizes and strides the library can tell are wrong from the description alone (negative, or reaching past
-// what int64 byte offsets address) or that only shrink the tensor (0). A stride or size that is merely larger
-// than the caller's buffer describes memory the caller claims to own: no C API can detect that lie.
-int64_t extreme_size(std::mt19937_64& rng) {
-  const int64_t v[] = {-1, -2, INT64_MIN, INT64_MAX, INT64_MAX - 1, int64_t(1) << 62, 0};
-  return v[rng() % (sizeof v / sizeof v[0])];
-}
-
-int64_t extreme(std::mt19937_64& rng) {
-  const int64_t v[] = {-1, -2, INT64_MIN, INT64_MAX, INT64_MAX - 1, int64_t(1) << 31, int64_t(1) << 32,
-                       int64_t(1) << 62, 3, 0};
-  return v[rng() % (sizeof v / sizeof v[0])];
-}
-
-const std::vector<Mutation>& mutations() {
-  static const std::vector<Mutation> m = {
-      {"shape extreme", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->shape[r() % 4] = extreme_size(r); }},
-      {"stride extreme", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->stride[r() % 4] = extreme_size(r); }},
-      {"null data", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->data = nullptr; }},
-      {"misaligned", false, [](Call& c, std::mt19937_64& r) {
-         fa_tensor* t = c.tensors[r() % c.tensors.size()];
-         t->data = static_cast<char*>(t->data) + 1;
-       }},
-      {"dtype", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->dtype = fa_dtype(int(r() % 6) - 1); }},
-      {"rank", false, [](Call& c, std::mt19937_64& r) { c.tensors[r() % c.tensors.size()]->ndim = int(r() % 7) - 1; }},
-      {"device", false, [](Call& c, std::mt19937_64& r) {
-         fa_tensor* t = c.tensors[r() % c.tensors.size()];
-         if (r() % 2) t->device_index = 3; else t->device = fa_device(7);
-       }},
-      {"output aliases", false, [](Call& c, std::mt19937_64& r) {
-         const size_t n_out = c.tensors.size() - c.first_output;
-         fa_tensor* o = c.tensors[c.first_output + r() % n_out];
-         fa_tensor* other = c.tensors[r() % c.tensors.size()];
-         if (other != o) o->data = other->data;
-         else o->stride[r() % 3] = 0;  // overlapping itself
-       }},
-      {"window", true, [](Call& c, std::mt19937_64& r) { (r() % 2 ? c.attn->window_left : c.attn->window_right) = extreme(r); }},
-      {"scalars", false, [](Call& c, std::mt19937_64& r) {
-         const float v[] = {NAN, INFINITY, -INFINITY, -1.f, 0.f, 1e-30f, 1e30f, 0.5f};
-         switch (r() % 4) {
-           case 0: c.attn->has_softmax_scale = 1; c.attn->softmax_scale = v[r() % 8]; break;
-           case 1: c.attn->softcap = v[r() % 8]; break;
-           case 2: c.attn->dropout_p = v[r() % 8]; break;
-           default: c.attn->causal_alignment = fa_causal_alignment(int(r() % 5) - 2);
-         }
-       }},
-      {"max_seqlen", false, [](Call& c, std::mt19937_64& r) {
-         c.attn->max_seqlen_q = extreme(r);
-         if (r() % 2) c.attn->max_seqlen_k = extreme(r);
-       }},
-  };
-  return m;
-}
-// clang-format on
-
-Case random_case(std::mt19937_64& rng) {
-  auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
-  Case c;
-  c.seed = rng();
-  c.dtype = pick({FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16}) == FA_FLOAT32 ? FA_FLOAT32
-            : rng() % 2                                               ? FA_FLOAT16
-                                                                      : FA_BFLOAT16;
-  c.hkv = pick({1, 2});
-  c.hq = c.hkv * pick({1, 2, 3});
-  c.d = pick({8, 16, 24, 64});
-  c.dv = rng() % 4 == 0 ? pick({8, 32}) : 0;
-  if (rng() % 3 == 0) {
-    const int n = int(pick({1, 2, 3}));
-    for (int b = 0; b < n; ++b) {
-      c.lens_q.push_back(int32_t(pick({0, 1, 5, 17, 70})));
-      c.lens_k.push_back(int32_t(pick({0, 1, 9, 33, 65})));
-    }
-    if (rng() % 4 == 0)
-      for (int b = 0; b < n; ++b) c.seqused_k.push_back(int32_t(rng() % (c.lens_k[size_t(b)] + 1)));
-  } else {
-    c.batch = pick({0, 1, 2, 2});
-    c.sq = pick({0, 1, 7, 17, 64, 65, 100});
-    c.sk = pick({0, 1, 9, 33, 64, 130});
-  }
-  c.causal = rng() % 3 == 0;
-  c.top_left = rng() % 3 == 0;
-  if (rng() % 3 == 0) {
-    c.wl = pick({-1, 0, 3, 40, int64_t(1) << 40, INT64_MAX - 1, INT64_MAX});
-    c.wr = c.causal ? pick({-1, 0}) : pick({-1, 0, 2, 50, INT64_MAX});
-  }
-  c.softcap = rng() % 4 == 0 ? float(pick({1, 5, 30})) : 0.f;
-  c.alibi = rng() % 4 == 0 ? Alibi::kHeads : Alibi::kNone;
-  c.head_pad = rng() % 4 == 0 ? pick({8, 16}) : 0;
-  c.threads = int(pick({0, 1, 3, 100000, INT_MAX}));
-  return c;
-}
-
-// One C ABI case; the child's exit status says whether it passed (its stderr says why not).
+// One C ABI case (fuzz_case.hpp) on the CPU backend; the child's exit status says whether it passed (its stderr
+// says why not).
 int capi_case(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Case c = random_case(rng);
-  const bool backward = rng() % 3 == 0;
-  // fp32 backwards run in 16-bit types here: where the exact gradient is 0 (one key, so dS = dP - D cancels) the
-  // plain implementation's D = sum(P dP) cancels exactly while FlashAttention's D = rowsum(dO * O) leaves fp32
-  // noise above Comparison's floor (1e-6 at magnitude 1; e.g. dk 1.7e-6 for B2 q100 k1 d16). That rule is not
-  // this tier's subject; the CPU suites check fp32 backwards on non-degenerate shapes.
-  if (backward && c.dtype == FA_FLOAT32) c.dtype = FA_BFLOAT16;
-  const bool mutate = rng() % 4 != 0;
-  const Mutation* m = mutate ? &mutations()[rng() % mutations().size()] : nullptr;
-  // A window mutation that the library accepts is the unbroken problem with that window: apply it to the
-  // case itself, so that the reference sees it too.
-  if (m && m->keeps_problem) {
-    fa_attention a = fa_attention_default();
-    a.window_left = c.wl;
-    a.window_right = c.wr;
-    Call call{&a, {}, 0};
-    m->apply(call, rng);
-    c.wl = a.window_left;
-    c.wr = a.window_right;
-  }
-  std::fprintf(stderr, "case %s%s, mutation %s\n", c.label().c_str(), backward ? " bwd" : " fwd", m ? m->name : "none");
-  Problem pr(c);
-  if (backward) {
-    if (c.causal && c.wr > 0) return 0;  // not a valid forward to start from: covered by fwd cases
-    Status st = pr.run_forward();
-    if (!st.ok()) {
-      std::fprintf(stderr, "status %d: %s\n", int(st.code), st.message.c_str());
-      return m && m->keeps_problem && st.code == FA_ERROR_INVALID_ARGUMENT && named(st.message) ? 0 : 1;
-    }
-  }
-  FwdParams f = pr.fwd();
-  BwdParams b = pr.bwd();
-  Call call = backward
-                  ? Call{&b.attn, {&b.attn.q, &b.attn.k, &b.attn.v, &b.out, &b.lse, &b.dout, &b.dq, &b.dk, &b.dv}, 6}
-                  : Call{&f.attn, {&f.attn.q, &f.attn.k, &f.attn.v, &f.out, &f.lse}, 3};
-  if (m && !m->keeps_problem) m->apply(call, rng);
-  Status st = backward ? flashattn::backward(b, pr.exec()) : flashattn::forward(f, pr.exec());
-  if (!st.ok()) {
-    std::fprintf(stderr, "status %d: %s\n", int(st.code), st.message.c_str());
-    if (m == nullptr) return 1;  // the unbroken problem is valid
-    if (st.code != FA_ERROR_INVALID_ARGUMENT && st.code != FA_ERROR_UNSUPPORTED) return 1;
-    return named(st.message) ? 0 : 1;
-  }
-  // Accepted after a breaking mutation: a layout or scalar change that still describes valid memory (e.g.
-  // a zero-size dimension, a scale of 0.5); no crash is the bar. Otherwise the outputs must be right.
-  if (m && !m->keeps_problem) return 0;
-  if (backward) {
-    Accuracy g = pr.check_backward();
-    if (g.dq.passed() && g.dk.passed() && g.dv.passed()) return 0;
-    std::fprintf(stderr, "wrong gradients: dq %s dk %s dv %s\n", g.dq.summary().c_str(), g.dk.summary().c_str(),
-                 g.dv.summary().c_str());
-    return 1;
-  }
-  Accuracy a = pr.check_forward();
-  if (a.out.passed() && (!c.lse || a.lse.passed())) return 0;
-  std::fprintf(stderr, "wrong output: out %s lse %s\n", a.out.summary().c_str(), a.lse.summary().c_str());
-  return 1;
+  HostMemory memory;
+  Outcome outcome;
+  return run_fuzz_case(seed, memory, FA_BACKEND_AUTO, &outcome);
 }
 
 void run_capi(int64_t cases) {

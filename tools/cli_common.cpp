@@ -357,7 +357,7 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   // An empty problem has no row to sample (and B, H or Sq of 0 must not be taken modulo).
   const int kSamples = B > 0 && H > 0 && Sq > 0 ? 48 : 0;
   r.checked_rows = kSamples;
-  std::vector<double> exact(size_t(std::max(Dv, D))), plain(exact.size());
+  std::vector<double> exact(size_t(std::max(Dv, D))), plain(exact.size()), noise(exact.size());
   for (int n = 0; n < kSamples; ++n) {
     // Always the first and last query rows (mask edges), the rest at random.
     int64_t b = int64_t(pick.next() % uint64_t(B)), h = int64_t(pick.next() % uint64_t(H));
@@ -368,10 +368,11 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
     for (int64_t c = 0; c < Dv; ++c)
       cmp.add(reference::load(p, p.out, p.out_layout, b, i, h, c), exact[size_t(c)], plain[size_t(c)]);
     if (o.backward) {
-      reference::backward_dq_row(p, reference::Rounding::kExact, b, h, i, exact.data());
+      reference::backward_dq_row(p, reference::Rounding::kExact, b, h, i, exact.data(), noise.data());
       reference::backward_dq_row(p, reference::Rounding::kStorage, b, h, i, plain.data());
       for (int64_t c = 0; c < D; ++c)
-        cmp_dq.add(reference::load(p, p.dq, p.dq_layout, b, i, h, c), exact[size_t(c)], plain[size_t(c)]);
+        cmp_dq.add(reference::load(p, p.dq, p.dq_layout, b, i, h, c), exact[size_t(c)], plain[size_t(c)],
+                   noise[size_t(c)]);
     }
   }
   r.max_err = cmp.max_err();
