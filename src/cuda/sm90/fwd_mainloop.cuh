@@ -107,12 +107,6 @@ struct FwdMainloop {
 
     const BlockRange range = tile.range;
     const int m0_wg = tile.m0 + wg * kWgRows;  // this warpgroup's first tile row
-    // A packed warpgroup whose rows all lie past the sequence's (decode: one query's heads fill part of the first
-    // warpgroup) keeps to the pipeline and barrier protocol but issues no GEMM and no softmax: its O stays 0 and
-    // none of its rows is stored, and the other warpgroup gets the tensor cores and shared-memory bandwidth.
-    // Packed tiles only: at d64 the unpacked kernel spilled 462 bytes with the flag (ptxas), and its only idle
-    // warpgroups are in a sequence's last query block.
-    const bool idle = kPackGQA && m0_wg >= tile.seq.len_q * tile.rows_per_pos;
     const bool varlen = p.cu_seqlens_q != nullptr;
     const ScoreMods mods(p, tile.seq, tile.t.batch, tile.t.head);  // ALiBi never runs packed (slope per head)
     const ProbMod prob_mod{};
@@ -173,7 +167,7 @@ struct FwdMainloop {
     auto qk_alone = [&](auto& tSrS) {
       pipe_k.consumer_wait(k_read);
       pingpong.wait();
-      if (!idle) wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+      wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
       pingpong.signal();
       warpgroup_wait<0>();
       pipe_k.consumer_release(k_read);
@@ -182,7 +176,7 @@ struct FwdMainloop {
     // O += P.V of the next V stage, waited for.
     auto pv_alone = [&] {
       pipe_v.consumer_wait(v_read);
-      if (!idle) wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
       warpgroup_wait<0>();
       pipe_v.consumer_release(v_read);
       ++v_read;
@@ -193,40 +187,37 @@ struct FwdMainloop {
       {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         qk_alone(tSrS);
-        if (!idle) {
-          softmax_step(tSrS, n, cute::true_type{}, correction);
-          to_probs(tSrS);
-        }
+        softmax_step(tSrS, n, cute::true_type{}, correction);
+        to_probs(tSrS);
         if (zero_v_tail) zero_v_tail_rows();
       }
       for (--n; n >= range.lo; --n) {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         pipe_k.consumer_wait(k_read);
         pingpong.wait();
-        if (!idle) wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
         pipe_v.consumer_wait(v_read);
-        if (!idle) wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+        wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
         pingpong.signal();
         warpgroup_wait<1>();  // S(n) is ready; P(n+1).V(n+1) may still run
         pipe_k.consumer_release(k_read);
         ++k_read;
-        const bool rescale = !idle && softmax_step(tSrS, n, cute::false_type{}, correction);
+        const bool rescale = softmax_step(tSrS, n, cute::false_type{}, correction);
         warpgroup_wait<0>();
         pipe_v.consumer_release(v_read);
         ++v_read;
         if (rescale) softmax.rescale(o_rc, correction);
-        if (!idle) to_probs(tSrS);
+        to_probs(tSrS);
       }
       pv_alone();
     } else {
       for (int n = range.hi - 1; n >= range.lo; --n) {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         qk_alone(tSrS);
-        const bool rescale = idle                ? false
-                             : n == range.hi - 1 ? softmax_step(tSrS, n, cute::true_type{}, correction)
-                                                 : softmax_step(tSrS, n, cute::false_type{}, correction);
+        const bool rescale = n == range.hi - 1 ? softmax_step(tSrS, n, cute::true_type{}, correction)
+                                               : softmax_step(tSrS, n, cute::false_type{}, correction);
         if (rescale) softmax.rescale(o_rc, correction);
-        if (!idle) to_probs(tSrS);
+        to_probs(tSrS);
         if (zero_v_tail && n == range.hi - 1) zero_v_tail_rows();
         pv_alone();
       }
