@@ -13,9 +13,12 @@ Layouts (``layout=``):
     cuts it, and rank r holds chunks r and 2W-1-r, concatenated (``zigzag_shard``): every rank then does the
     same causal work. ``zigzag_unshard`` puts a gathered result back in order.
 
-Masks: full and causal (bottom-right of the whole sequence equals top-left here: queries and keys are the same
-positions); softcap, GQA/MQA, any head dim of the kernels. A sliding window or ALiBi across shards needs the
-shards' position offsets inside the kernel's mask and is refused (NotImplementedError), as is varlen.
+Masks: full, causal (bottom-right of the whole sequence equals top-left here: queries and keys are the same
+positions) and sliding windows; softcap, GQA/MQA, any head dim of the kernels. A window's band of visible keys,
+seen from one (query segment, key segment) pair of shards, is a band of the local diagonal shifted by the
+segments' position offset; dropping the keys (or queries) before the band makes it touch the local diagonal, so
+every pair is one top-left-aligned windowed call (``_Ring.window_pieces``). ALiBi across shards would need that
+offset inside the bias and is refused (NotImplementedError), as is varlen.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .interface import AttnOptions, _bwd_impl, _fwd_impl, _kernel_layout, _pad_head_dim
+from .ops import window_pair
 
 __all__ = ["ring_flash_attn_func", "zigzag_shard", "zigzag_unshard", "merge_partials"]
 
@@ -105,6 +109,41 @@ class _Ring:
             return [(slice(0, n_q), slice(0, self.split[src]), False)]  # chunk s precedes both local chunks
         return [(slice(self.split[self.rank], n_q), slice(0, n_k), False)]  # only the late chunk sees src
 
+    def segments(self, r: int) -> List[Tuple[int, int, int]]:
+        """(local start, length, global position of the first) of each run of consecutive positions rank r holds."""
+        if self.layout == "contiguous":
+            return [(0, self.lens[r], sum(self.lens[:r]))]
+        sizes = _chunk_sizes(sum(self.lens), 2 * self.world)
+        late = 2 * self.world - 1 - r
+        return [(0, sizes[r], sum(sizes[:r])), (sizes[r], sizes[late], sum(sizes[:late]))]
+
+    def window_pieces(self, src: int, left: int, right: int):
+        """(q slice, k slice, options) of this rank's queries against rank `src`'s keys under the window
+        [i - left, i + right] of global positions (-1: unbounded side): one top-left-aligned windowed call per
+        (query segment, key segment) pair that sees anything."""
+        inf = float("inf")
+        pieces = []
+        for qa, qn, qg in self.segments(self.rank):
+            for ka, kn, kg in self.segments(src):
+                if qn == 0 or kn == 0:
+                    continue
+                # Local query i sees local key j when lo <= j - i <= hi.
+                delta = qg - kg
+                lo = delta - left if left >= 0 else -inf
+                hi = delta + right if right >= 0 else inf
+                if hi < -(qn - 1) or lo > kn - 1:
+                    continue  # no (i, j) of the pair inside the band
+                # Keys before the band's start (lo > 0) and queries before its first key (hi < 0) see nothing:
+                # without them the band touches the local diagonal, lo <= 0 <= hi.
+                s = int(lo) if lo > 0 else 0
+                t = int(-hi) if hi < 0 else 0
+                lo, hi, qn_, kn_ = lo - s + t, hi - s + t, qn - t, kn - s
+                opts = dict(causal=False, top_left=True,
+                            window_left=-1 if lo <= -(qn_ - 1) else int(-lo),
+                            window_right=-1 if hi >= kn_ - 1 else int(hi))
+                pieces.append((slice(qa + t, qa + qn), slice(ka + s, ka + kn), opts))
+        return pieces
+
     def exchange(self, tensors: Sequence[Tensor], src_after: int):
         """Starts sending `tensors` to the next rank and receiving the previous rank's (those of rank
         `src_after`); returns (requests, receive buffers)."""
@@ -122,23 +161,30 @@ def _wait(pending):
         r.wait()
 
 
-def _block_fwd(q, k, v, causal, scale, softcap):
+def _pieces(ring: _Ring, src: int, causal: bool, window: Tuple[int, int]):
+    """(q slice, k slice, mask options) of one ring step."""
+    if window == (-1, -1):
+        return [(qs, ks, dict(causal=c)) for qs, ks, c in ring.pieces(src, causal)]
+    return ring.window_pieces(src, window[0], 0 if causal else window[1])
+
+
+def _block_fwd(q, k, v, mask, scale, softcap):
     q, k, v = (_kernel_layout(t) for t in (q, k, v))
-    return _fwd_impl(q, k, v, *AttnOptions(softmax_scale=scale, causal=causal, softcap=softcap))
+    return _fwd_impl(q, k, v, *AttnOptions(softmax_scale=scale, softcap=softcap, **mask))
 
 
-def _block_bwd(dout, q, k, v, out, lse, causal, scale, softcap, deterministic):
+def _block_bwd(dout, q, k, v, out, lse, mask, scale, softcap, deterministic):
     dout, q, k, v, out = (_kernel_layout(t) for t in (dout, q, k, v, out))
     lse = lse.contiguous()
     dq, dk, dv, _ = _bwd_impl(dout, q, k, v, out, lse,
-                              *AttnOptions(softmax_scale=scale, causal=causal, softcap=softcap,
-                                           deterministic=deterministic))
+                              *AttnOptions(softmax_scale=scale, softcap=softcap, deterministic=deterministic,
+                                           **mask))
     return dq, dk, dv
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, scale, softcap, layout, deterministic):
+    def forward(ctx, q, k, v, group, causal, window, scale, softcap, layout, deterministic):
         ring = _Ring(group, q.shape[1], layout, q.device)
         out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float32, device=q.device)
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device)
@@ -148,15 +194,16 @@ class _RingAttention(torch.autograd.Function):
             pending = None
             if step + 1 < ring.world:  # the next shard moves while this one is attended
                 pending = ring.exchange((k_cur, v_cur), (ring.rank - step - 1) % ring.world)
-            for qs, ks, blk_causal in ring.pieces(src, causal):
-                o_b, l_b = _block_fwd(q[:, qs], k_cur[:, ks], v_cur[:, ks], blk_causal, scale, softcap)
+            for qs, ks, mask in _pieces(ring, src, causal, window):
+                o_b, l_b = _block_fwd(q[:, qs], k_cur[:, ks], v_cur[:, ks], mask, scale, softcap)
                 out[:, qs], lse[:, :, qs] = merge_partials(out[:, qs], lse[:, :, qs], o_b, l_b)
             if pending is not None:
                 _wait(pending[0])
                 k_cur, v_cur = pending[1]
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.causal, ctx.scale, ctx.softcap, ctx.deterministic = ring, causal, scale, softcap, deterministic
+        ctx.ring, ctx.causal, ctx.window, ctx.scale, ctx.softcap = ring, causal, window, scale, softcap
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -173,9 +220,9 @@ class _RingAttention(torch.autograd.Function):
             src = (ring.rank - step) % ring.world
             after = (ring.rank - step - 1) % ring.world  # whose shard arrives next
             kv = ring.exchange((k_cur, v_cur), after) if step + 1 < ring.world else None
-            for qs, ks, blk_causal in ring.pieces(src, ctx.causal):
+            for qs, ks, mask in _pieces(ring, src, ctx.causal, ctx.window):
                 dq_b, dk_b, dv_b = _block_bwd(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks], out[:, qs],
-                                              lse[:, :, qs], blk_causal, ctx.scale, ctx.softcap, ctx.deterministic)
+                                              lse[:, :, qs], mask, ctx.scale, ctx.softcap, ctx.deterministic)
                 dq[:, qs] += dq_b.float()
                 dk_cur[:, ks] += dk_b.float()
                 dv_cur[:, ks] += dv_b.float()
@@ -188,7 +235,7 @@ class _RingAttention(torch.autograd.Function):
             if kv is not None:
                 _wait(kv[0])
                 k_cur, v_cur = kv[1]
-        return dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), None, None, None, None, None, None
+        return dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), None, None, None, None, None, None, None
 
 
 def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = False,
@@ -204,9 +251,9 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bo
     """
     if layout not in ("zigzag", "contiguous"):
         raise ValueError(f"layout: must be 'zigzag' or 'contiguous' (got {layout!r})")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError("window_size: a sliding window across shards is not supported by "
-                                  "ring_flash_attn_func (the kernels take no shard position offset)")
+    window = window_pair(window_size)
+    if window[0] < -1 or window[1] < -1:
+        raise ValueError(f"window_size: each side must be >= -1, -1 = unbounded (got {tuple(window_size)})")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi across shards is not supported by ring_flash_attn_func")
     if not dist.is_available() or not dist.is_initialized():
@@ -221,7 +268,7 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bo
     if scale is None and q.shape[-1] % 8 != 0:
         scale = q.shape[-1] ** -0.5
     q, k, v = (_pad_head_dim(t) for t in (q, k, v))
-    out, lse = _RingAttention.apply(q, k, v, group, bool(causal), None if scale is None else float(scale),
+    out, lse = _RingAttention.apply(q, k, v, group, bool(causal), window, None if scale is None else float(scale),
                                     float(softcap), layout, bool(deterministic))
     out = out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]
     return (out, lse, None) if return_attn_probs else out

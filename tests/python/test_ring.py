@@ -1,8 +1,9 @@
 """Ring attention (flashattn.distributed) on CPU with gloo: 2 and 4 processes on one machine against
-single-process attention over the whole sequence (forward out and lse, backward dq/dk/dv), causal and not, both
-layouts, GQA, shard lengths that differ (a sequence not divisible by the chunk count), head dims not multiples
-of 8. Tolerance: the fp32 float64-reference rule (2x the error of fp32 torch math, plus a floor); the ring's
-merge reorders fp32 sums, so it is not bit-identical to one call.
+single-process attention over the whole sequence (forward out and lse, backward dq/dk/dv), causal and not,
+sliding windows (narrower and wider than a shard, one-sided), both layouts, GQA, shard lengths that differ (a
+sequence not divisible by the chunk count), head dims not multiples of 8. Tolerance: the fp32 float64-reference
+rule (2x the error of fp32 torch math, plus a floor); the ring's merge reorders fp32 sums, so it is not
+bit-identical to one call.
 """
 
 from __future__ import annotations
@@ -21,13 +22,19 @@ mp = pytest.importorskip("torch.multiprocessing")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-# (name, batch, seqlen, heads_q, heads_kv, head_dim, causal, layout)
+# (name, batch, seqlen, heads_q, heads_kv, head_dim, causal, layout, window)
 CASES = [
-    ("full_contiguous", 2, 40, 4, 2, 32, False, "contiguous"),
-    ("causal_contiguous_uneven", 1, 37, 2, 2, 64, True, "contiguous"),
-    ("causal_zigzag_gqa", 2, 48, 4, 1, 32, True, "zigzag"),
-    ("causal_zigzag_uneven_d36", 1, 45, 2, 2, 36, True, "zigzag"),
-    ("full_zigzag_softcap", 1, 32, 2, 2, 16, False, "zigzag"),
+    ("full_contiguous", 2, 40, 4, 2, 32, False, "contiguous", (-1, -1)),
+    ("causal_contiguous_uneven", 1, 37, 2, 2, 64, True, "contiguous", (-1, -1)),
+    ("causal_zigzag_gqa", 2, 48, 4, 1, 32, True, "zigzag", (-1, -1)),
+    ("causal_zigzag_uneven_d36", 1, 45, 2, 2, 36, True, "zigzag", (-1, -1)),
+    ("full_zigzag_softcap", 1, 32, 2, 2, 16, False, "zigzag", (-1, -1)),
+    # Sliding windows narrower and wider than a shard, one-sided, under causal (right side 0).
+    ("window_contiguous", 1, 40, 2, 2, 32, False, "contiguous", (5, 3)),
+    ("window_contiguous_uneven_wide", 2, 37, 4, 2, 32, False, "contiguous", (23, 11)),
+    ("window_zigzag_causal_gqa", 2, 48, 4, 1, 32, True, "zigzag", (7, -1)),
+    ("window_zigzag_left_only", 1, 45, 2, 2, 16, False, "zigzag", (-1, 2)),
+    ("window_zigzag_right_only_softcap", 1, 44, 2, 2, 16, False, "zigzag", (0, 9)),
 ]
 
 
@@ -37,7 +44,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _reference(q, k, v, causal, softcap):
+def _reference(q, k, v, causal, softcap, window=(-1, -1)):
     """float64 (and fp32, the 'plain' implementation) attention over the whole sequence with autograd."""
     def attend(dtype):
         qf, kf, vf = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
@@ -46,9 +53,15 @@ def _reference(q, k, v, causal, softcap):
         s = torch.einsum("bihd,bjhd->bhij", qf, kk) * q.shape[-1] ** -0.5
         if softcap:
             s = softcap * torch.tanh(s / softcap)
-        if causal:
-            n = q.shape[1]
-            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        n = q.shape[1]
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        left, right = window[0], 0 if causal else window[1]
+        hidden = torch.zeros(n, n, dtype=torch.bool)
+        if left >= 0:
+            hidden |= j < i - left
+        if right >= 0:
+            hidden |= j > i + right
+        s = s.masked_fill(hidden, float("-inf"))
         out = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), vv)
         return out, torch.logsumexp(s, -1), (qf, kf, vf)
     return attend(torch.float64), attend(torch.float32)
@@ -71,17 +84,17 @@ def _worker(rank, world, port, results):
         from flashattn.distributed import ring_flash_attn_func
 
         failures = []
-        for name, b, n, hq, hkv, d, causal, layout in CASES:
+        for name, b, n, hq, hkv, d, causal, layout, window in CASES:
             softcap = 3.0 if "softcap" in name else 0.0
             g = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # the same inputs on every rank
             q, k, v = (torch.randn(b, n, h, d, generator=g) for h in (hq, hkv, hkv))
             dout = torch.randn(b, n, hq, d, generator=g)
-            (exact, exact_lse, ex_in), (plain, _, pl_in) = _reference(q, k, v, causal, softcap)
+            (exact, exact_lse, ex_in), (plain, _, pl_in) = _reference(q, k, v, causal, softcap, window)
             exact_grads = torch.autograd.grad(exact, ex_in, dout.double())
             plain_grads = torch.autograd.grad(plain, pl_in, dout)
             ql, kl, vl = (_shard(x, rank, world, layout).clone().requires_grad_() for x in (q, k, v))
-            out, lse, _ = ring_flash_attn_func(ql, kl, vl, causal=causal, softcap=softcap, return_attn_probs=True,
-                                               layout=layout)
+            out, lse, _ = ring_flash_attn_func(ql, kl, vl, causal=causal, softcap=softcap, window_size=window,
+                                               return_attn_probs=True, layout=layout)
             grads = torch.autograd.grad(out, (ql, kl, vl), _shard(dout, rank, world, layout))
             checks = [("out", out, _shard(exact, rank, world, layout), _shard(plain, rank, world, layout)),
                       ("lse", lse.transpose(1, 2), _shard(exact_lse.transpose(1, 2), rank, world, layout),
@@ -126,7 +139,9 @@ def test_ring_refuses_what_it_cannot_do():
     from flashattn.distributed import ring_flash_attn_func
 
     q = torch.zeros(1, 8, 2, 16)
-    with pytest.raises(NotImplementedError, match="window_size"):
-        ring_flash_attn_func(q, q, q, window_size=(4, 0))
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        ring_flash_attn_func(q, q, q, alibi_slopes=torch.zeros(2))
+    with pytest.raises(ValueError, match="window_size"):
+        ring_flash_attn_func(q, q, q, window_size=(-2, 0))
     with pytest.raises(ValueError, match="layout"):
         ring_flash_attn_func(q, q, q, layout="striped")
