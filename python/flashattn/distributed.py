@@ -18,7 +18,11 @@ positions) and sliding windows; softcap, GQA/MQA, any head dim of the kernels. A
 seen from one (query segment, key segment) pair of shards, is a band of the local diagonal shifted by the
 segments' position offset; dropping the keys (or queries) before the band makes it touch the local diagonal, so
 every pair is one top-left-aligned windowed call (``_Ring.window_pieces``). ALiBi across shards would need that
-offset inside the bias and is refused (NotImplementedError), as is varlen.
+offset inside the bias and is refused (NotImplementedError).
+
+Varlen (``ring_flash_attn_varlen_func``): packed sequences as flash_attn_varlen_func takes them; every rank holds
+its shard (contiguous or zigzag) of each sequence, and each step runs one call per sequence (per segment pair
+under a mask), each sequence attending only to itself.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from torch import Tensor
 from .interface import AttnOptions, _bwd_impl, _fwd_impl, _kernel_layout, _pad_head_dim
 from .ops import window_pair
 
-__all__ = ["ring_flash_attn_func", "zigzag_shard", "zigzag_unshard", "merge_partials"]
+__all__ = ["ring_flash_attn_func", "ring_flash_attn_varlen_func", "varlen_shard", "zigzag_shard", "zigzag_unshard",
+           "merge_partials"]
 
 
 def zigzag_shard(x: Tensor, rank: int, world: int, dim: int = 1) -> Tensor:
@@ -73,7 +78,7 @@ def merge_partials(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> Tu
 class _Ring:
     """Who holds which positions, and which (query rows, key rows) of each step attend and how."""
 
-    def __init__(self, group, local_len: int, layout: str, device):
+    def __init__(self, group, local_len: int, layout: str, device, cu_seqlens: Optional[Sequence[int]] = None):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -81,7 +86,16 @@ class _Ring:
         dist.all_gather(lens, torch.tensor([local_len], dtype=torch.int64, device=device), group=group)
         self.lens = [int(x.item()) for x in lens]
         self.layout = layout
-        if layout == "zigzag":
+        # Varlen: the packed sequences' lengths; every rank holds its shard of each sequence, in sequence order.
+        self.seq_lens = None
+        if cu_seqlens is not None:
+            self.seq_lens = [int(cu_seqlens[b + 1]) - int(cu_seqlens[b]) for b in range(len(cu_seqlens) - 1)]
+            for r in range(self.world):
+                want = sum(length for seq in self.varlen_segments(r) for _, length, _ in seq)
+                if self.lens[r] != want:
+                    raise ValueError(f"q: rank {r} holds {self.lens[r]} rows, not its shards' {want} of the sequences "
+                                     f"in cu_seqlens (use varlen_shard)")
+        elif layout == "zigzag":
             sizes = _chunk_sizes(sum(self.lens), 2 * self.world)
             self.split = [sizes[r] for r in range(self.world)]  # length of each rank's first chunk
             for r in range(self.world):
@@ -121,27 +135,39 @@ class _Ring:
         """(q slice, k slice, options) of this rank's queries against rank `src`'s keys under the window
         [i - left, i + right] of global positions (-1: unbounded side): one top-left-aligned windowed call per
         (query segment, key segment) pair that sees anything."""
-        inf = float("inf")
+        return _band_pieces(self.segments(self.rank), self.segments(src), left, right)
+
+    def varlen_segments(self, r: int) -> List[List[Tuple[int, int, int]]]:
+        """Per sequence: (local row, length, position in the sequence) of each run of rank r's shard of it."""
+        out, row = [], 0
+        for n in self.seq_lens:
+            if self.layout == "contiguous":
+                sizes = _chunk_sizes(n, self.world)
+                runs = [(sum(sizes[:r]), sizes[r])]
+            else:
+                sizes = _chunk_sizes(n, 2 * self.world)
+                late = 2 * self.world - 1 - r
+                runs = [(sum(sizes[:r]), sizes[r]), (sum(sizes[:late]), sizes[late])]
+            seq = []
+            for pos, length in runs:
+                seq.append((row, length, pos))
+                row += length
+            out.append(seq)
+        return out
+
+    def varlen_pieces(self, src: int, causal: bool, window: Tuple[int, int]):
+        """The pieces of a varlen step: per sequence, its rows here against its rows of rank `src` (one call per
+        sequence without a mask, one per segment pair under causal or a window)."""
+        left, right = window[0], 0 if causal else window[1]
         pieces = []
-        for qa, qn, qg in self.segments(self.rank):
-            for ka, kn, kg in self.segments(src):
-                if qn == 0 or kn == 0:
-                    continue
-                # Local query i sees local key j when lo <= j - i <= hi.
-                delta = qg - kg
-                lo = delta - left if left >= 0 else -inf
-                hi = delta + right if right >= 0 else inf
-                if hi < -(qn - 1) or lo > kn - 1:
-                    continue  # no (i, j) of the pair inside the band
-                # Keys before the band's start (lo > 0) and queries before its first key (hi < 0) see nothing:
-                # without them the band touches the local diagonal, lo <= 0 <= hi.
-                s = int(lo) if lo > 0 else 0
-                t = int(-hi) if hi < 0 else 0
-                lo, hi, qn_, kn_ = lo - s + t, hi - s + t, qn - t, kn - s
-                opts = dict(causal=False, top_left=True,
-                            window_left=-1 if lo <= -(qn_ - 1) else int(-lo),
-                            window_right=-1 if hi >= kn_ - 1 else int(hi))
-                pieces.append((slice(qa + t, qa + qn), slice(ka + s, ka + kn), opts))
+        for q_seq, k_seq in zip(self.varlen_segments(self.rank), self.varlen_segments(src)):
+            if left < 0 and right < 0:
+                q0, qn = q_seq[0][0], sum(length for _, length, _ in q_seq)
+                k0, kn = k_seq[0][0], sum(length for _, length, _ in k_seq)
+                if qn and kn:
+                    pieces.append((slice(q0, q0 + qn), slice(k0, k0 + kn), dict(causal=False)))
+            else:
+                pieces += _band_pieces(q_seq, k_seq, left, right)
         return pieces
 
     def exchange(self, tensors: Sequence[Tensor], src_after: int):
@@ -155,6 +181,33 @@ class _Ring:
         return (dist.batch_isend_irecv(ops), ops), bufs
 
 
+def _band_pieces(q_segs, k_segs, left: int, right: int):
+    """(q slice, k slice, options) per (query segment, key segment) pair that sees anything under the window
+    [i - left, i + right] of positions (-1: unbounded side); a segment is (local row, length, position)."""
+    inf = float("inf")
+    pieces = []
+    for qa, qn, qg in q_segs:
+        for ka, kn, kg in k_segs:
+            if qn == 0 or kn == 0:
+                continue
+            # Local query i sees local key j when lo <= j - i <= hi.
+            delta = qg - kg
+            lo = delta - left if left >= 0 else -inf
+            hi = delta + right if right >= 0 else inf
+            if hi < -(qn - 1) or lo > kn - 1:
+                continue  # no (i, j) of the pair inside the band
+            # Keys before the band's start (lo > 0) and queries before its first key (hi < 0) see nothing: without
+            # them the band touches the local diagonal, lo <= 0 <= hi.
+            s = int(lo) if lo > 0 else 0
+            t = int(-hi) if hi < 0 else 0
+            lo, hi, qn_, kn_ = lo - s + t, hi - s + t, qn - t, kn - s
+            opts = dict(causal=False, top_left=True,
+                        window_left=-1 if lo <= -(qn_ - 1) else int(-lo),
+                        window_right=-1 if hi >= kn_ - 1 else int(hi))
+            pieces.append((slice(qa + t, qa + qn), slice(ka + s, ka + kn), opts))
+    return pieces
+
+
 def _wait(pending):
     reqs, _ops = pending
     for r in reqs:
@@ -163,6 +216,8 @@ def _wait(pending):
 
 def _pieces(ring: _Ring, src: int, causal: bool, window: Tuple[int, int]):
     """(q slice, k slice, mask options) of one ring step."""
+    if ring.seq_lens is not None:
+        return ring.varlen_pieces(src, causal, window)
     if window == (-1, -1):
         return [(qs, ks, dict(causal=c)) for qs, ks, c in ring.pieces(src, causal)]
     return ring.window_pieces(src, window[0], 0 if causal else window[1])
@@ -184,8 +239,8 @@ def _block_bwd(dout, q, k, v, out, lse, mask, scale, softcap, deterministic):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, window, scale, softcap, layout, deterministic):
-        ring = _Ring(group, q.shape[1], layout, q.device)
+    def forward(ctx, q, k, v, group, causal, window, scale, softcap, layout, deterministic, cu_seqlens):
+        ring = _Ring(group, q.shape[1], layout, q.device, cu_seqlens)
         out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float32, device=q.device)
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device)
         k_cur, v_cur = k, v
@@ -235,7 +290,7 @@ class _RingAttention(torch.autograd.Function):
             if kv is not None:
                 _wait(kv[0])
                 k_cur, v_cur = kv[1]
-        return dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), None, None, None, None, None, None, None
+        return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype)) + (None,) * 9
 
 
 def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = False,
@@ -269,6 +324,55 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bo
         scale = q.shape[-1] ** -0.5
     q, k, v = (_pad_head_dim(t) for t in (q, k, v))
     out, lse = _RingAttention.apply(q, k, v, group, bool(causal), window, None if scale is None else float(scale),
-                                    float(softcap), layout, bool(deterministic))
+                                    float(softcap), layout, bool(deterministic), None)
     out = out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]
     return (out, lse, None) if return_attn_probs else out
+
+
+def varlen_shard(x: Tensor, cu_seqlens, rank: int, world: int, layout: str = "zigzag", dim: int = 0) -> Tensor:
+    """Rank `rank`'s rows of packed sequences (cu_seqlens: their prefix sums): its shard of each sequence (the
+    contiguous or zigzag cut of ``tensor_split``), concatenated in sequence order."""
+    cu = [int(c) for c in cu_seqlens]
+    parts = []
+    for b in range(len(cu) - 1):
+        seq = x.narrow(dim, cu[b], cu[b + 1] - cu[b])
+        parts.append(zigzag_shard(seq, rank, world, dim) if layout == "zigzag"
+                     else torch.tensor_split(seq, world, dim=dim)[rank])
+    return torch.cat(parts, dim=dim)
+
+
+def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens, group=None, causal: bool = False,
+                                softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
+                                softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                                deterministic: bool = False, return_attn_probs: bool = False, *,
+                                layout: str = "zigzag"):
+    """Ring attention over packed sequences (flash_attn_varlen_func's layout): q (T_r, Hq, D), k/v (T_r, Hkv, D/Dv)
+    are this rank's rows, its shard of every sequence (``varlen_shard``); cu_seqlens (B + 1) the prefix sums of the
+    whole sequences' lengths, the same on every rank (read on the host). Each sequence attends only to itself.
+    Returns out (T_r, Hq, Dv), and with return_attn_probs (out, lse (Hq, T_r), None). Differentiable in q, k, v."""
+    if layout not in ("zigzag", "contiguous"):
+        raise ValueError(f"layout: must be 'zigzag' or 'contiguous' (got {layout!r})")
+    window = window_pair(window_size)
+    if window[0] < -1 or window[1] < -1:
+        raise ValueError(f"window_size: each side must be >= -1, -1 = unbounded (got {tuple(window_size)})")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: ALiBi across shards is not supported by ring attention")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{name}: must be (rows, heads, head_dim), the packed rows of this rank")
+    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+        raise ValueError("k: the rows of keys must be the positions of the rows of queries")
+    cu = [int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else cu_seqlens)]
+    if len(cu) < 1 or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError("cu_seqlens: must start at 0 and be non-decreasing (prefix sums of the sequence lengths)")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group: torch.distributed is not initialised (init_process_group first)")
+    head_dim_v = v.shape[-1]
+    scale = softmax_scale
+    if scale is None and q.shape[-1] % 8 != 0:
+        scale = q.shape[-1] ** -0.5
+    q, k, v = (_pad_head_dim(t)[None] for t in (q, k, v))
+    out, lse = _RingAttention.apply(q, k, v, group, bool(causal), window, None if scale is None else float(scale),
+                                    float(softcap), layout, bool(deterministic), tuple(cu))
+    out = out[0] if out.shape[-1] == head_dim_v else out[0, ..., :head_dim_v]
+    return (out, lse[0], None) if return_attn_probs else out
