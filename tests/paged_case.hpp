@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +30,8 @@ struct PagedCase {
   int64_t window_left = -1;
   int num_splits = 0;
   fa_backend backend = FA_BACKEND_AUTO;
+  int64_t table_pad = 0;  // extra (never read) columns per table row: a row stride other than max_pages
+  bool seqused = true;    // pass seqused_k (else every sequence uses the whole capacity)
 };
 
 inline size_t elem_bytes(fa_dtype t) { return t == FA_FLOAT32 ? 4 : 2; }
@@ -57,7 +61,7 @@ inline PagedData make_data(const PagedCase& c, uint32_t seed) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   g.capacity = c.max_pages * c.page_size;
   g.num_pages = c.batch * c.max_pages + 3;  // a few pages no sequence maps
-  g.used = c.used.empty() ? std::vector<int32_t>(size_t(c.batch), int32_t(g.capacity)) : c.used;
+  g.used = c.used.empty() || !c.seqused ? std::vector<int32_t>(size_t(c.batch), int32_t(g.capacity)) : c.used;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
 
@@ -77,12 +81,14 @@ inline PagedData make_data(const PagedCase& c, uint32_t seed) {
   std::vector<int32_t> order(size_t(g.num_pages));
   for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
   std::shuffle(order.begin(), order.end(), rng);
-  g.table.assign(size_t(c.batch * c.max_pages), -1);
+  const int64_t row = c.max_pages + c.table_pad;  // the table's row stride
+  g.table.assign(size_t(c.batch * row), -1);
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t pages = (g.used[size_t(b)] + c.page_size - 1) / c.page_size;
-    for (int64_t i = 0; i < pages; ++i) g.table[size_t(b * c.max_pages + i)] = order[size_t(b * c.max_pages + i)];
+    for (int64_t i = 0; i < pages; ++i) g.table[size_t(b * row + i)] = order[size_t(b * c.max_pages + i)];
+    for (int64_t i = c.max_pages; i < row; ++i) g.table[size_t(b * row + i)] = 1 << 30;  // padding: never read
     for (int64_t j = 0; j < g.used[size_t(b)]; ++j) {
-      const int64_t page = g.table[size_t(b * c.max_pages + j / c.page_size)];
+      const int64_t page = g.table[size_t(b * row + j / c.page_size)];
       const size_t paged_row = size_t(page * c.page_size + j % c.page_size), contig_row = size_t(b * g.capacity + j);
       for (size_t x = 0; x < k_row; ++x) {
         put(g.k_pages, c.dtype, paged_row * k_row + x, u(rng));
@@ -115,13 +121,54 @@ inline fa_fwd_params make_params(const PagedCase& c, const PagedData& g, const B
   p.attn.q = fa_make_tensor(m.q, c.dtype, dev, 4, qs);
   p.attn.k = fa_make_tensor(m.k, c.dtype, dev, 4, ks);
   p.attn.v = fa_make_tensor(m.v, c.dtype, dev, 4, vs);
-  if (paged) p.attn.block_table = fa_make_tensor(m.table, FA_INT32, dev, 2, ts);
-  p.attn.seqused_k = fa_make_tensor(m.used, FA_INT32, dev, 1, us);
+  if (paged) {
+    p.attn.block_table = fa_make_tensor(m.table, FA_INT32, dev, 2, ts);
+    p.attn.block_table.stride[0] = c.max_pages + c.table_pad;
+  }
+  if (c.seqused) p.attn.seqused_k = fa_make_tensor(m.used, FA_INT32, dev, 1, us);
   p.attn.causal = c.causal;
   p.attn.window_left = c.window_left;
   p.out = fa_make_tensor(m.out, c.dtype, dev, 4, os);
   p.lse = fa_make_tensor(m.lse, FA_FLOAT32, dev, 3, ls);
   return p;
+}
+
+// Element i of an output image as float (16-bit storage decoded), for checks of what a call wrote.
+inline float get(const std::vector<uint8_t>& buf, fa_dtype t, size_t i) {
+  if (t == FA_FLOAT32) {
+    float x;
+    std::memcpy(&x, buf.data() + 4 * i, 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, buf.data() + 2 * i, 2);
+  return t == FA_BFLOAT16 ? cpu::bf16_to_float(h) : cpu::fp16_to_float(h);
+}
+
+// What a correct call writes whatever the keys: finite outputs, and each row's LSE finite where the row sees a key
+// (bottom-right causal / window rule of flashattn.h), -inf with out = 0 where it sees none. Empty when so, else
+// the first violation.
+inline std::string check_written(const PagedCase& c, const PagedData& g, const std::vector<uint8_t>& out,
+                                 const std::vector<float>& lse) {
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.hq; ++h)
+      for (int64_t i = 0; i < c.sq; ++i) {
+        const float l = lse[size_t((b * c.hq + h) * c.sq + i)];
+        const int64_t used = g.used[size_t(b)], diag = i + used - c.sq;
+        const int64_t hi = c.causal ? std::min(used, diag + 1) : used;
+        const int64_t lo = c.window_left >= 0 ? std::max<int64_t>(0, diag - c.window_left) : 0;
+        const bool empty = hi <= lo;
+        if (empty ? l != -std::numeric_limits<float>::infinity() : !std::isfinite(l))
+          return "lse of (b " + std::to_string(b) + ", h " + std::to_string(h) + ", i " + std::to_string(i) + ") is " +
+                 std::to_string(l);
+        for (int64_t x = 0; x < c.dv; ++x) {
+          const float o = get(out, c.dtype, size_t(((b * c.sq + i) * c.hq + h) * c.dv + x));
+          if (!std::isfinite(o) || (empty && o != 0.f))
+            return "out of (b " + std::to_string(b) + ", i " + std::to_string(i) + ", h " + std::to_string(h) +
+                   ") is " + std::to_string(o);
+        }
+      }
+  return "";
 }
 
 inline fa_exec make_exec(const PagedCase& c) {

@@ -332,6 +332,8 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     if (t.shape[1] < 1 && p->batch > 0)
       return invalid("block_table", "must have at least one page per sequence (got shape " + shape_str(t) + ")");
     if (a.k.shape[1] < 1) return invalid("k", "page_size (dimension 1 of a paged k) must be >= 1 (got 0)");
+    if (a.k.shape[0] > kMaxCount)  // page indices are int32
+      return invalid("k", "a paged k has at most 2^31 - 1 pages (got " + std::to_string(a.k.shape[0]) + ")");
     p->page_size = a.k.shape[1];
     p->num_pages = a.k.shape[0];
     p->max_pages = t.shape[1];

@@ -5,8 +5,10 @@
 // online softmax keeps the running max m, sum l and the unnormalised output O of the block in fp32, so the
 // only memory beyond the inputs and outputs is a few tiles per thread.
 // Backward: D = rowsum(dO * O) first; then one task per (sequence, query head, chunk of key blocks) that
-// recomputes P from the saved LSE tile by tile, accumulates dK/dV of its key block in registers-sized tiles
-// and its share of dQ in an fp32 buffer; a last pass sums dQ over chunks and dK/dV over each GQA group.
+// recomputes P from the saved LSE tile by tile (the common rows in vectors), accumulates dK/dV of its key block in
+// registers-sized tiles and its share of dQ in an fp32 buffer (full blocks straight from the GEMM); its heads' Q
+// and dO tiles are converted once per task when they fit a per-thread cache. A last pass sums dQ over chunks and
+// dK/dV over each GQA group. Measured: bench/results/2026-12-01_cpu_bwd_epyc2.md.
 // Every sum is taken in a fixed order, so the backward is deterministic.
 #include <omp.h>
 
@@ -348,15 +350,24 @@ Error backward_impl(const Problem& p, int threads) {
   }
 
   const int64_t ntasks = p.batch * acc_heads * chunks;
+  // A task visits its heads' query blocks once per key block: their fp32 Q and dO tiles are converted once per
+  // task into a per-thread cache when they fit kQdoCacheBytes (one head of 4k d128 rows), else reloaded per block.
+  constexpr int64_t kQdoCacheBytes = int64_t(4) << 20;
+  int64_t max_lq = 0;
+  for (int64_t b = 0; b < p.batch; ++b) max_lq = std::max(max_lq, p.len_q(b));
+  const int64_t heads_per_task = (group + subgroups - 1) / subgroups;
+  const int64_t q_blocks_max = (max_lq + dm.bq - 1) / dm.bq;
+  const int64_t cache_floats = heads_per_task * q_blocks_max * dm.bq * (dm.dp + dm.dvp);
+  const bool cache_qdo = cache_floats > 0 && cache_floats * int64_t(sizeof(float)) <= kQdoCacheBytes;
   bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads)
   {
     FloatBuffer q(size_t(dm.bq) * dm.dp), g(size_t(dm.bq) * dm.dvp), kt(size_t(dm.dp) * dm.bk),
         kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
         dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp),
-        dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp);
+        dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp), qdo(cache_qdo ? size_t(cache_floats) : 0);
     const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
-                    dv.data() && dq.data() && dk_head.data() && dv_head.data();
+                    dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data());
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -369,6 +380,20 @@ Error backward_impl(const Problem& p, int threads) {
       const int64_t h_begin = hk * group + group * sub / subgroups, h_end = hk * group + group * (sub + 1) / subgroups;
       const int64_t nkb = (lk + dm.bk - 1) / dm.bk;
       const int64_t kb_begin = nkb * chunk / chunks, kb_end = nkb * (chunk + 1) / chunks;
+      const int64_t nqb = (lq + dm.bq - 1) / dm.bq;
+      // Q and dO tiles of (head, query block): from the cache, filled here, or loaded into q / g when used.
+      auto q_tile = [&](int64_t h, int64_t qb) { return qdo.data() + ((h - h_begin) * nqb + qb) * dm.bq * dm.dp; };
+      auto g_tile = [&](int64_t h, int64_t qb) {
+        return qdo.data() + heads_per_task * q_blocks_max * dm.bq * dm.dp + ((h - h_begin) * nqb + qb) * dm.bq * dm.dvp;
+      };
+      if (cache_qdo && kb_end > kb_begin)
+        for (int64_t h = h_begin; h < h_end; ++h)
+          for (int64_t qb = 0; qb < nqb; ++qb) {
+            const int64_t i0 = qb * dm.bq;
+            const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
+            load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, q_tile(h, qb));
+            load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, g_tile(h, qb));
+          }
       for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
         const int64_t j0 = kb * dm.bk;
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
@@ -392,10 +417,17 @@ Error backward_impl(const Problem& p, int threads) {
             const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk);
             const detail::KeyRange last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
             if (first.lo >= j0 + cols || last.hi <= j0) continue;  // no row of this block sees this key block
-            load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, q.data());
-            load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, g.data());
-            gemm<false>(dm.bq, dm.bk, dm.dp, q.data(), dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
-            gemm<false>(dm.bq, dm.bk, dm.dvp, g.data(), dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
+            float* qt = q.data();
+            float* gt = g.data();
+            if (cache_qdo) {
+              qt = q_tile(h, i0 / dm.bq);
+              gt = g_tile(h, i0 / dm.bq);
+            } else {
+              load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, qt);
+              load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, gt);
+            }
+            gemm<false>(dm.bq, dm.bk, dm.dp, qt, dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
+            gemm<false>(dm.bq, dm.bk, dm.dvp, gt, dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
             for (int r = 0; r < dm.bq; ++r) {
               float* sr = s.data() + int64_t(r) * dm.bk;   // becomes P
               float* dr = dp.data() + int64_t(r) * dm.bk;  // becomes dS (raw-score gradient)
@@ -408,6 +440,19 @@ Error backward_impl(const Problem& p, int threads) {
               RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
               logits_row(t, j0, dm.bk, sr);
               const float lse_r = lse.data()[h * tq + row], d_r = D.data()[h * tq + row];
+              if (t.softcap == 0.f && !p.dropout.on) {
+                // The common row (no softcap, no dropout) in vectors: P = e^(s - lse), dS = P (dP - D) scale, with
+                // dS = 0 exactly where P = 0 (masked keys) and fully masked rows (lse = -inf) all zero.
+                const vfloat zero{}, lse_v = vbroadcast(lse_r), d_v = vbroadcast(d_r), scale_v = vbroadcast(t.scale);
+                const bool empty = lse_r == kNegInf;
+                for (int c = 0; c < dm.bk; c += kVecFloats) {
+                  const vfloat pr = empty ? zero : exp_nonpositive(vload(sr + c) - lse_v);
+                  const vfloat ds = pr * (vload(dr + c) - d_v) * scale_v;
+                  vstore(dr + c, pr != zero ? ds : zero);
+                  vstore(sr + c, pr);
+                }
+                continue;
+              }
               const float inv_cap = t.softcap > 0.f ? 1.f / t.softcap : 0.f;
               for (int c = 0; c < dm.bk; ++c) {
                 // Fully masked rows (lse = -inf) have P = 0, not exp(-inf + inf).
@@ -428,13 +473,18 @@ Error backward_impl(const Problem& p, int threads) {
               }
             }
             // dV += P^T dO and dK += dS^T Q read P and dS transposed in place (no transpose copies).
-            gemm<true, ALayout::kTransposed>(dm.bk, dm.dvp, dm.bq, s.data(), dm.bk, g.data(), dm.dvp, hk_dv, dm.dvp);
-            gemm<true, ALayout::kTransposed>(dm.bk, dm.dp, dm.bq, dp.data(), dm.bk, q.data(), dm.dp, hk_dk, dm.dp);
-            gemm<false>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq.data(), dm.dp);
-            for (int r = 0; r < rows; ++r) {
-              float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
-              const float* src = dq.data() + int64_t(r) * dm.dp;
-              for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
+            gemm<true, ALayout::kTransposed>(dm.bk, dm.dvp, dm.bq, s.data(), dm.bk, gt, dm.dvp, hk_dv, dm.dvp);
+            gemm<true, ALayout::kTransposed>(dm.bk, dm.dp, dm.bq, dp.data(), dm.bk, qt, dm.dp, hk_dk, dm.dp);
+            if (rows == dm.bq) {
+              // A full block's rows are consecutive rows of the accumulator: dQ += dS K straight into it.
+              gemm<true>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq_part + qrow(b, i0) * dm.dp, dm.dp);
+            } else {
+              gemm<false>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq.data(), dm.dp);
+              for (int r = 0; r < rows; ++r) {
+                float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
+                const float* src = dq.data() + int64_t(r) * dm.dp;
+                for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
+              }
             }
           }
           if (h != h_begin) {

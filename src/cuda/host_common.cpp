@@ -27,7 +27,10 @@ detail::Error check_device_pointer(const char* name, const void* ptr, int device
 }
 
 int64_t gathered_bytes(const detail::Problem& p, bool values) {
-  return p.batch * p.seqlen_k * p.heads_kv * (values ? p.head_dim_v : p.head_dim) * 2;  // 16-bit storage
+  int64_t n = 2;  // 16-bit storage
+  for (int64_t f : {p.batch, p.seqlen_k, p.heads_kv, values ? p.head_dim_v : p.head_dim})
+    if (__builtin_mul_overflow(n, f, &n)) return -1;
+  return n;
 }
 
 detail::Problem contiguous_kv(const detail::Problem& p, void* k, void* v) {

@@ -27,7 +27,7 @@ detail::Error run_backward_in_workspace(const detail::Problem& p, const BwdPlan&
 // D/Dv) copies of its keys at k / v (null when only planning), and the bytes of each copy. The gather kernel
 // (paged_gather.cu) fills them: the used keys of each sequence, zeros past them and for out-of-range pages.
 detail::Problem contiguous_kv(const detail::Problem& p, void* k, void* v);
-int64_t gathered_bytes(const detail::Problem& p, bool values);  // k copy (values = false) or v copy
+int64_t gathered_bytes(const detail::Problem& p, bool values);  // k copy (values = false) or v copy; -1: overflow
 cudaError_t launch_paged_gather(const detail::Problem& p, void* k, void* v, cudaStream_t stream);
 
 // A tensor the kernel will read must be device memory of the device it runs on (a host pointer labelled

@@ -86,8 +86,10 @@ std::string sm90_tma_unfit(const detail::Problem& p) {
            ": the cuda-sm90 backend loads tensors with TMA, which needs non-zero strides "
            "along every dimension of extent > 1 (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
   const int64_t max_tiles = (p.seqlen_q + sm90::kWarpgroupRows - 1) / sm90::kWarpgroupRows * p.heads_q * p.batch;
-  const int64_t max_rows =
-      std::max(p.varlen ? p.total_q : p.batch * p.seqlen_q, p.varlen ? p.total_k : p.batch * p.seqlen_k);
+  // Paged K/V: TMA's coordinates are a page's row and the page index (validated below 2^31), not rows.
+  const int64_t max_rows = std::max(p.varlen ? p.total_q : p.batch * p.seqlen_q, p.paged()  ? p.page_size
+                                                                                 : p.varlen ? p.total_k
+                                                                                            : p.batch * p.seqlen_k);
   if (max_rows > kMaxTmaCoord || max_tiles > kMaxTmaCoord)
     return "q: the cuda-sm90 backend addresses at most 2^31-1 rows per tensor and 2^31-1 (query block, head, batch) "
            "tiles";
@@ -198,7 +200,8 @@ detail::Error plan_sm80(const detail::Problem& p, FwdPlan* plan) {
 
 // Paged K/V the sm90 load collective reads itself: TMA boxes of whole key blocks or of kPageBoxRows rows, each
 // inside one page. Other page sizes, and the sm80 family, read gathered contiguous copies.
-bool sm90_reads_pages(const detail::Problem& p) { return p.page_size % sm90::kPageBoxRows == 0; }
+// A cache without pages has no TMA descriptor to encode (an extent of 0): it is gathered (every key reads as 0).
+bool sm90_reads_pages(const detail::Problem& p) { return p.page_size % sm90::kPageBoxRows == 0 && p.num_pages > 0; }
 
 }  // namespace
 
@@ -206,13 +209,19 @@ detail::Error plan_forward(const detail::Problem& p, const fa_exec& exec, Family
   *plan = FwdPlan{};
   // A paged call no kernel reads natively is planned as the contiguous call over its gathered keys, with the two
   // copies ahead of that plan's workspace.
+  // The copies hold every sequence's whole capacity (batch x max_pages x page_size keys): the memory this path
+  // costs, refused when it overflows.
   auto gathered = [&](Family family) {
-    const detail::Error e = plan_forward(contiguous_kv(p, nullptr, nullptr), exec, family, plan);
+    const int64_t k_bytes = gathered_bytes(p, false), v_bytes = gathered_bytes(p, true);
+    if (k_bytes < 0 || v_bytes < 0 || k_bytes > (int64_t(1) << 60) - v_bytes)
+      return detail::invalid("block_table",
+                             "the gathered copy of the paged K/V (batch x max_pages x page_size keys) "
+                             "is too large to address");
+    detail::Error e = plan_forward(contiguous_kv(p, nullptr, nullptr), exec, family, plan);
     if (!e.ok()) return e;
     constexpr int64_t kAlign = 256;
     plan->paged = PagedLoad::kGather;
-    plan->gather_bytes =
-        (gathered_bytes(p, false) + gathered_bytes(p, true) + 2 * kAlign - 1) / kAlign * kAlign + kAlign;
+    plan->gather_bytes = (k_bytes + v_bytes + 2 * kAlign - 1) / kAlign * kAlign + kAlign;
     plan->workspace_bytes += plan->gather_bytes;
     return e;
   };

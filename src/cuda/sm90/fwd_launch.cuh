@@ -12,11 +12,12 @@
 namespace flashattn::cuda::sm90 {
 
 // TMA takes strides that are multiples of 16 bytes; a dimension of extent 1 is never stepped along, so any such
-// stride will do for it (the layouts may give 0 there).
+// stride will do for it where the layout's would not encode (0, or any value the validation lets a dimension of
+// extent 1 have: a paged cache of one page).
 template <class Element>
 int64_t tma_stride(int64_t stride, int64_t extent) {
   constexpr int64_t kMinStride = 16 / int64_t(sizeof(Element));
-  return extent <= 1 && stride == 0 ? kMinStride : stride;
+  return extent <= 1 && (stride == 0 || stride % kMinStride != 0) ? kMinStride : stride;
 }
 
 template <class Traits, class Ptr>

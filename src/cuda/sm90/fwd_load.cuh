@@ -149,15 +149,16 @@ struct FwdLoad {
     CUTE_UNROLL
     for (int i = 0; i < kBoxes; ++i) {
       const int slot_box = ((key0 + i * kPageBoxRows) % p.page_size) / kPageBoxRows;
-      Tensor g = local_tile(tma_page.get_tma_tensor(shape)(_, _, kv_head, page[i]),
-                            Shape<Int<kPageBoxRows>, Int<kAtomCols>>{}, make_coord(slot_box, _));  // (16, A, d/A)
+      Tensor m = tma_page.get_tma_tensor(shape)(_, _, kv_head, page[i]);  // (page_size, head_dim)
       CUTE_UNROLL
       for (int c = 0; c < kHeadDim / kAtomCols; ++c) {
+        // Column boxes past the real head dim (a padded kernel) lie outside the tensor: zeros, full bytes.
+        Tensor g = local_tile(m, Shape<Int<kPageBoxRows>, Int<kAtomCols>>{}, make_coord(slot_box, c));
         // The box's rows of this atom column: a contiguous run of the stage (atoms stack along the rows first),
         // starting on an atom, so the swizzle pattern is the box layout's own.
         Tensor s = make_tensor(make_smem_ptr(&sX(i * kPageBoxRows, c * kAtomCols, state.index())),
                                typename Traits::SmemLayoutPageBox{});
-        auto parts = tma_partition(tma_page, _0{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g(_, _, c)));
+        auto parts = tma_partition(tma_page, _0{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
         copy(tma_page.with(*pipe.producer_get_barrier(state)), get<0>(parts), get<1>(parts));
       }
     }
