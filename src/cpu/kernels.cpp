@@ -1,9 +1,10 @@
 // The CPU FlashAttention forward and backward. Built once per instruction set (FA_CPU_ISA names the
 // namespace, FA_CPU_VEC_BYTES the vector width); backend.cpp picks the build that the processor runs.
 //
-// Forward: one task per (sequence, query head, 64-row query block). K/V are streamed in 64-key tiles; the
-// online softmax keeps the running max m, sum l and the unnormalised output O of the block in fp32, so the
-// only memory beyond the inputs and outputs is a few tiles per thread.
+// Forward: one task per (sequence, query head, 64-row query block), query-head-major so that a thread's tasks
+// mostly share a KV head, whose fp32 K/V tiles it then converts once (a per-thread cache of at most 4 MiB). K/V
+// are streamed in 64-key tiles; the online softmax keeps the running max m, sum l and the unnormalised output O of
+// the block in fp32, so the only memory beyond the inputs and outputs is a few tiles per thread (and that cache).
 // Backward: D = rowsum(dO * O) first; then one task per (sequence, query head, chunk of key blocks) that
 // recomputes P from the saved LSE tile by tile (the common rows in vectors), accumulates dK/dV of its key block in
 // registers-sized tiles and its share of dQ in an fp32 buffer (full blocks straight from the GEMM); its heads' Q
@@ -176,6 +177,15 @@ Error forward_impl(const Problem& p, int threads) {
   const int64_t ntasks = int64_t(blocks.size()) * p.heads_q;
   // Unbounded window sides as a distance no sequence reaches (exact in float for lengths < 2^24).
   constexpr float kUnbounded = 3.0e7f;
+  // Every query block of a (sequence, KV head) reads the same K/V tiles: a thread keeps the fp32 tiles of the last
+  // (sequence, KV head) it converted when they fit kKvCacheBytes (4k keys of d128), and tasks run KV-head-major
+  // so that a thread's next task is mostly the same head. Otherwise each task converts its tiles as it goes.
+  constexpr int64_t kKvCacheBytes = int64_t(4) << 20;
+  int64_t max_lk = 0;
+  for (int64_t b = 0; b < p.batch; ++b) max_lk = std::max(max_lk, p.len_k(b));
+  const int64_t kv_blocks_max = (max_lk + dm.bk - 1) / dm.bk;
+  const int64_t kv_cache_floats = kv_blocks_max * dm.bk * (dm.dp + dm.dvp);
+  const bool cache_kv = kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
   bool alloc_failed = false;
 
 #pragma omp parallel num_threads(thread_count(threads))
@@ -185,7 +195,10 @@ Error forward_impl(const Problem& p, int threads) {
     // reductions, and K and V are read in their natural row layout.
     FloatBuffer qt(size_t(dm.dp) * dm.bq), k(size_t(dm.bk) * dm.dp), v(size_t(dm.bk) * dm.dvp);
     FloatBuffer st(size_t(dm.bk) * dm.bq), o(size_t(dm.bq) * dm.dvp), m(dm.bq), l(dm.bq), alpha(dm.bq);
-    const bool ok = qt.data() && k.data() && v.data() && st.data() && o.data() && m.data() && l.data() && alpha.data();
+    FloatBuffer kv(cache_kv ? size_t(kv_cache_floats) : 0);
+    int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv holds
+    const bool ok = qt.data() && k.data() && v.data() && st.data() && o.data() && m.data() && l.data() &&
+                    alpha.data() && (!cache_kv || kv.data());
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -193,10 +206,23 @@ Error forward_impl(const Problem& p, int threads) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < ntasks; ++task) {
       if (!ok) continue;
-      // Longest blocks first under causal masks: later query blocks see more keys.
-      const auto [b, i0] = blocks[blocks.size() - 1 - size_t(task / p.heads_q)];
-      const int64_t h = task % p.heads_q, hk = h / group;
+      // Query-head-major (a KV head's query heads are consecutive), longest blocks first within a head under causal
+      // masks: later query blocks see more keys.
+      const int64_t nblocks = int64_t(blocks.size());
+      const auto [b, i0] = blocks[size_t(nblocks - 1 - task % nblocks)];
+      const int64_t h = task / nblocks, hk = h / group;
       const int64_t lq = p.len_q(b), lk = p.len_k(b);
+      if (cache_kv && (cached_b != b || cached_hk != hk)) {
+        for (int64_t j0 = 0; j0 < lk; j0 += dm.bk) {
+          const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
+          float* kt = kv.data() + j0 * dm.dp;
+          float* vt = kv.data() + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp;
+          load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, kt);
+          load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, vt);
+        }
+        cached_b = b;
+        cached_hk = hk;
+      }
       const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
       load_tile_t<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, dm.bq, qt.data());
       o.zero();
@@ -215,9 +241,16 @@ Error forward_impl(const Problem& p, int threads) {
       tm.len_k = float(rule.len_k);
       for (int64_t j0 = first.lo / dm.bk * dm.bk; j0 < last.hi; j0 += dm.bk) {
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
-        load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
-        load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
-        gemm<false>(dm.bk, dm.bq, dm.dp, k.data(), dm.dp, qt.data(), dm.bq, st.data(), dm.bq);
+        const float* kt = k.data();
+        const float* vt = v.data();
+        if (cache_kv) {
+          kt = kv.data() + j0 * dm.dp;
+          vt = kv.data() + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp;
+        } else {
+          load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
+          load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
+        }
+        gemm<false>(dm.bk, dm.bq, dm.dp, kt, dm.dp, qt.data(), dm.bq, st.data(), dm.bq);
         // The mask can be skipped when every real query sees every key of a full tile: window starts
         // grow with the query index (the last query's start bounds them all), ends likewise (the first's).
         tm.mask = !(cols == dm.bk && last.lo <= j0 && first.hi >= j0 + dm.bk);
@@ -255,7 +288,7 @@ Error forward_impl(const Problem& p, int threads) {
           for (int c = 0; c < cols; ++c)
             for (int r = 0; r < rows; ++r)
               st.data()[int64_t(c) * dm.bq + r] *= p.dropout.factor(b, p.heads_q, h, i0 + r, j0 + c);
-        gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, v.data(), dm.dvp, o.data(), dm.dvp);
+        gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, vt, dm.dvp, o.data(), dm.dvp);
       }
       using S = Storage<T>;
       auto* out = static_cast<typename S::type*>(p.out);
