@@ -98,7 +98,8 @@ struct Problem {
   }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   // Element offset of (b, row r, head h) for a tensor with this layout.
-  // (lse is (B, Hq, Sq) or (Hq, Tq); its RowLayout says so.)
+  // (lse is (B, Hq, Sq) or (Hq, Tq); its RowLayout says so. Paged k/v read the block table: host memory, so CPU
+  // calls and the reference only.)
   int64_t offset(const RowLayout& l, int64_t b, int64_t r, int64_t h) const {
     if (l.paged) {
       const int64_t page = block_table[b * block_table_stride + r / page_size];
