@@ -19,6 +19,9 @@ FA_DECLARE_ISA(avx2)
 #ifdef FA_CPU_HAVE_AVX512
 FA_DECLARE_ISA(avx512)
 #endif
+#ifdef FA_CPU_HAVE_AVX512BF16
+FA_DECLARE_ISA(avx512bf16)
+#endif
 #undef FA_DECLARE_ISA
 
 namespace {
@@ -31,6 +34,11 @@ struct Kernels {
 };
 
 Kernels pick() {
+#if defined(FA_CPU_HAVE_AVX512BF16)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16"))
+    return {avx512bf16::forward, avx512bf16::backward};
+#endif
 #if defined(FA_CPU_HAVE_AVX512)
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq"))

@@ -83,6 +83,41 @@ void load_tile_t(const Problem& p, const void* base, const RowLayout& l, int64_t
   for (int c = dim; c < dim_pad; ++c) std::fill(dst + int64_t(c) * ld, dst + int64_t(c) * ld + rows, 0.f);
 }
 
+#if defined(FA_CPU_BF16_DOT)
+constexpr bool kHaveBf16Dot = true;
+#else
+constexpr bool kHaveBf16Dot = false;
+#endif
+
+// 32-bit words of a bf16 dot-product operand (tile_gemm.hpp's packed pairs), counted in the scratch accounting.
+class PairBuffer {
+ public:
+  static_assert(sizeof(uint32_t) == sizeof(float));
+  explicit PairBuffer(std::size_t n) : f_(n), n_(n) {}
+  uint32_t* data() const { return reinterpret_cast<uint32_t*>(f_.data()); }
+  std::size_t size() const { return n_; }
+
+ private:
+  FloatBuffer f_;
+  std::size_t n_;
+};
+
+#if defined(FA_CPU_BF16_DOT)
+// Rows r0 .. r0 + valid of (b, h) of a bf16 tensor packed in pairs along their first `dim` columns, as the B
+// operand of gemm_bf16 over `n` columns (rows past `valid` zero): Bp[(k/2) * n + r] = (x[r][k], x[r][k+1]).
+template <fa_dtype T>
+void pack_rows(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int valid,
+               int n, int dim, uint32_t* Bp) {
+  static_assert(T == FA_BFLOAT16);
+  constexpr int kMaxRows = 64;  // a tile's rows (cpu_tiles)
+  const uint16_t* rows[kMaxRows];
+  const auto* src = static_cast<const uint16_t*>(base);
+  valid = std::min(valid, kMaxRows);
+  for (int r = 0; r < valid; ++r) rows[r] = src + p.offset(l, b, r0 + r, h);
+  pack_pairs_t(rows, valid, n, dim, Bp);
+}
+#endif
+
 // Turns raw q.k products of one row into logits: scale, softcap, ALiBi, mask. Returns the values the
 // softcap derivative needs in `capped` (nullptr when not wanted).
 struct RowTransform {
@@ -197,8 +232,11 @@ Error forward_impl(const Problem& p, int threads) {
     FloatBuffer st(size_t(dm.bk) * dm.bq), o(size_t(dm.bq) * dm.dvp), m(dm.bq), l(dm.bq), alpha(dm.bq);
     FloatBuffer kv(cache_kv ? size_t(kv_cache_floats) : 0);
     int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv holds
+    PairBuffer q_pair_buf(T == FA_BFLOAT16 && kHaveBf16Dot ? size_t(dm.dp / 2) * dm.bq : 0);
+    uint32_t* q_pairs = q_pair_buf.data();
+    (void)q_pairs;
     const bool ok = qt.data() && k.data() && v.data() && st.data() && o.data() && m.data() && l.data() &&
-                    alpha.data() && (!cache_kv || kv.data());
+                    alpha.data() && (!cache_kv || kv.data()) && (q_pair_buf.size() == 0 || q_pairs);
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -225,6 +263,10 @@ Error forward_impl(const Problem& p, int threads) {
       }
       const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
       load_tile_t<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, dm.bq, qt.data());
+#if defined(FA_CPU_BF16_DOT)
+      // bf16: S^T = K Q^T from the bf16 inputs in bf16 dot products (tile_gemm.hpp), Q packed in pairs once here.
+      if constexpr (T == FA_BFLOAT16) pack_rows<T>(p, p.q, p.q_layout, b, h, i0, rows, dm.bq, dm.d, q_pairs);
+#endif
       o.zero();
       std::fill(m.data(), m.data() + dm.bq, kNegInf);
       std::fill(l.data(), l.data() + dm.bq, 0.f);
@@ -250,7 +292,17 @@ Error forward_impl(const Problem& p, int threads) {
           load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
           load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
         }
-        gemm<false>(dm.bk, dm.bq, dm.dp, kt, dm.dp, qt.data(), dm.bq, st.data(), dm.bq);
+        bool scored = false;
+#if defined(FA_CPU_BF16_DOT)
+        if constexpr (T == FA_BFLOAT16) {
+          if (!p.paged() && cols == dm.bk) {  // K rows straight from the input: a full tile at one row stride
+            const auto* k_rows = static_cast<const uint16_t*>(p.k) + p.offset(p.k_layout, b, j0, hk);
+            gemm_bf16<false>(dm.bk, dm.bq, dm.d, k_rows, p.k_layout.row, q_pairs, dm.bq, st.data(), dm.bq);
+            scored = true;
+          }
+        }
+#endif
+        if (!scored) gemm<false>(dm.bk, dm.bq, dm.dp, kt, dm.dp, qt.data(), dm.bq, st.data(), dm.bq);
         // The mask can be skipped when every real query sees every key of a full tile: window starts
         // grow with the query index (the last query's start bounds them all), ends likewise (the first's).
         tm.mask = !(cols == dm.bk && last.lo <= j0 && first.hi >= j0 + dm.bk);
@@ -399,8 +451,14 @@ Error backward_impl(const Problem& p, int threads) {
         kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
         dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp),
         dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp), qdo(cache_qdo ? size_t(cache_floats) : 0);
+    const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
+    PairBuffer k_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bk : 0), v_pair_buf(pairs ? size_t(dm.dvp / 2) * dm.bk : 0);
+    uint32_t *k_pairs = k_pair_buf.data(), *v_pairs = v_pair_buf.data();
+    (void)k_pairs;
+    (void)v_pairs;
     const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
-                    dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data());
+                    dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data()) &&
+                    (!pairs || (k_pairs && v_pairs));
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -433,6 +491,13 @@ Error backward_impl(const Problem& p, int threads) {
         load_tile_t<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, dm.bk, kt.data());
         load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, kn.data());
         load_tile_t<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, dm.bk, vt.data());
+#if defined(FA_CPU_BF16_DOT)
+        // bf16: S = Q K^T and dP = dO V^T from the bf16 inputs in bf16 dot products, K and V packed here.
+        if constexpr (T == FA_BFLOAT16) {
+          pack_rows<T>(p, p.k, p.k_layout, b, hk, j0, cols, dm.bk, dm.d, k_pairs);
+          pack_rows<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, v_pairs);
+        }
+#endif
         dk.zero();
         dv.zero();
         // One head's sums over the query blocks, then the heads' in ascending order (the order the per-query-head
@@ -459,8 +524,22 @@ Error backward_impl(const Problem& p, int threads) {
               load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, qt);
               load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, gt);
             }
-            gemm<false>(dm.bq, dm.bk, dm.dp, qt, dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
-            gemm<false>(dm.bq, dm.bk, dm.dvp, gt, dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
+            bool scored = false;
+#if defined(FA_CPU_BF16_DOT)
+            if constexpr (T == FA_BFLOAT16) {
+              if (rows == dm.bq) {  // Q and dO rows straight from the inputs: a full block at one row stride
+                const auto* q_rows = static_cast<const uint16_t*>(p.q) + p.offset(p.q_layout, b, i0, h);
+                const auto* g_rows = static_cast<const uint16_t*>(p.dout) + p.offset(p.dout_layout, b, i0, h);
+                gemm_bf16<false>(dm.bq, dm.bk, dm.d, q_rows, p.q_layout.row, k_pairs, dm.bk, s.data(), dm.bk);
+                gemm_bf16<false>(dm.bq, dm.bk, dm.dv, g_rows, p.dout_layout.row, v_pairs, dm.bk, dp.data(), dm.bk);
+                scored = true;
+              }
+            }
+#endif
+            if (!scored) {
+              gemm<false>(dm.bq, dm.bk, dm.dp, qt, dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
+              gemm<false>(dm.bq, dm.bk, dm.dvp, gt, dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
+            }
             for (int r = 0; r < dm.bq; ++r) {
               float* sr = s.data() + int64_t(r) * dm.bk;   // becomes P
               float* dr = dp.data() + int64_t(r) * dm.bk;  // becomes dS (raw-score gradient)

@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(FA_CPU_BF16_DOT)
+#include <immintrin.h>
+#endif
+
 #if !defined(FA_CPU_VEC_BYTES) || !defined(FA_CPU_ISA)
 #error "tile_gemm.hpp is included only by the per-ISA kernel builds (FA_CPU_ISA, FA_CPU_VEC_BYTES)"
 #endif
@@ -80,5 +84,71 @@ inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* 
 }
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+#if defined(FA_CPU_BF16_DOT)
+// bf16 products with fp32 sums (AVX512-BF16's vdpbf16ps: each fp32 lane adds a0*b0 + a1*b1 of a bf16 pair, the
+// products exact), twice the fp32 FMA rate. C[M][N] (+)= A[M][K] * B[K][N] for bf16 A rows (A[m*lda + k], k
+// pairs adjacent: lda and K even) and B packed in pairs along K: Bp[(k/2)*ldb + n] holds (B[k][n], B[k+1][n]) as
+// one 32-bit word (pack_pairs_t builds it from rows of B^T). M a multiple of kRows, N of 16.
+template <int NV, bool kAccumulate>
+inline __attribute__((always_inline)) void micro_tile_bf16(const uint16_t* __restrict A, int64_t lda,
+                                                           const uint32_t* __restrict Bp, int64_t ldb, int K,
+                                                           float* __restrict C, int64_t ldc) {
+  __m512 acc[kRows][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = kAccumulate ? _mm512_loadu_ps(C + r * ldc + v * 16) : _mm512_setzero_ps();
+  for (int k2 = 0; k2 < K / 2; ++k2) {
+    __m512bh b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(Bp + k2 * ldb + v * 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, A + r * lda + 2 * k2, 4);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(int(pair));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + v * 16, acc[r][v]);
+}
+
+template <bool kAccumulate>
+inline void gemm_bf16(int M, int N, int K, const uint16_t* A, int64_t lda, const uint32_t* Bp, int64_t ldb, float* C,
+                      int64_t ldc) {
+  for (int m = 0; m < M; m += kRows)
+    for (int n = 0; n < N; n += 64) {
+      const int nv = (N - n) / 16;
+      if (nv >= 4)
+        micro_tile_bf16<4, kAccumulate>(A + m * lda, lda, Bp + n, ldb, K, C + m * ldc + n, ldc);
+      else if (nv == 3)
+        micro_tile_bf16<3, kAccumulate>(A + m * lda, lda, Bp + n, ldb, K, C + m * ldc + n, ldc);
+      else if (nv == 2)
+        micro_tile_bf16<2, kAccumulate>(A + m * lda, lda, Bp + n, ldb, K, C + m * ldc + n, ldc);
+      else
+        micro_tile_bf16<1, kAccumulate>(A + m * lda, lda, Bp + n, ldb, K, C + m * ldc + n, ldc);
+    }
+}
+
+// Bp[(k/2)*N + n] = (R[n][k], R[n][k+1]) for the rows R[n] (n < valid, bf16, k < K) of B^T, zero for n >= valid.
+inline void pack_pairs_t(const uint16_t* const* rows, int valid, int N, int K, uint32_t* Bp) {
+  for (int n = 0; n < N; ++n) {
+    if (n < valid) {
+      for (int k2 = 0; k2 < K / 2; ++k2) {
+        uint32_t pair;
+        std::memcpy(&pair, rows[n] + 2 * k2, 4);
+        Bp[int64_t(k2) * N + n] = pair;
+      }
+    } else {
+      for (int k2 = 0; k2 < K / 2; ++k2) Bp[int64_t(k2) * N + n] = 0;
+    }
+  }
+}
+#endif
 
 }  // namespace flashattn::cpu::FA_CPU_ISA
