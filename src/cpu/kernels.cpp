@@ -9,7 +9,9 @@
 // recomputes P from the saved LSE tile by tile (the common rows in vectors), accumulates dK/dV of its key block in
 // registers-sized tiles and its share of dQ in an fp32 buffer (full blocks straight from the GEMM); its heads' Q
 // and dO tiles are converted once per task when they fit a per-thread cache. A last pass sums dQ over chunks and
-// dK/dV over each GQA group. Measured: bench/results/2026-12-01_cpu_bwd_epyc2.md.
+// dK/dV over each GQA group. bf16 problems on AVX512-BF16 (the avx512bf16 build) run the backward's five GEMMs and
+// the forward's Q.K^T in bf16 dot products, P and dS rounded to bf16 as the GPU kernels round them.
+// Measured: bench/results/2026-12-01_cpu_bwd_epyc2.md.
 // Every sum is taken in a fixed order, so the backward is deterministic.
 #include <omp.h>
 
@@ -115,6 +117,39 @@ void pack_rows(const Problem& p, const void* base, const RowLayout& l, int64_t b
   valid = std::min(valid, kMaxRows);
   for (int r = 0; r < valid; ++r) rows[r] = src + p.offset(l, b, r0 + r, h);
   pack_pairs_t(rows, valid, n, dim, Bp);
+}
+
+// Rows r0 .. r0 + valid of (b, h) interleaved in pairs of consecutive rows, as the B operand of gemm_bf16 whose
+// reduction runs over those rows: Bp[(r/2) * ld + c] = (x[r][c], x[r+1][c]) for c < dim, 0 past dim (up to ld) and
+// for rows past `valid` (up to `rows`, even).
+template <fa_dtype T>
+void pack_row_pairs(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int valid,
+                    int rows, int dim, int ld, uint32_t* Bp) {
+  static_assert(T == FA_BFLOAT16);
+  const auto* src = static_cast<const uint16_t*>(base);
+  for (int r = 0; r < rows; r += 2) {
+    const uint16_t* x0 = r < valid ? src + p.offset(l, b, r0 + r, h) : nullptr;
+    const uint16_t* x1 = r + 1 < valid ? src + p.offset(l, b, r0 + r + 1, h) : nullptr;
+    uint32_t* dst = Bp + int64_t(r / 2) * ld;
+    for (int c = 0; c < dim; ++c) {
+      const uint32_t lo = x0 ? x0[c] : 0u, hi = x1 ? x1[c] : 0u;
+      dst[c] = lo | (hi << 16);
+    }
+    for (int c = dim; c < ld; ++c) dst[c] = 0;
+  }
+}
+
+// An fp32 tile x[rows][cols] (row stride ld) rounded to bf16 rows for gemm_bf16's A operand: transposed, out[c][r]
+// (cols rows of `rows` elements), or as it is, out[r][c].
+inline void pairs_of_rows(const float* x, int ld, int rows, int cols, uint16_t* out, bool transpose) {
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const uint16_t v = float_to_bf16(x[int64_t(r) * ld + c]);
+      if (transpose)
+        out[int64_t(c) * rows + r] = v;
+      else
+        out[int64_t(r) * cols + c] = v;
+    }
 }
 #endif
 
@@ -453,12 +488,19 @@ Error backward_impl(const Problem& p, int threads) {
         dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp), qdo(cache_qdo ? size_t(cache_floats) : 0);
     const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
     PairBuffer k_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bk : 0), v_pair_buf(pairs ? size_t(dm.dvp / 2) * dm.bk : 0);
-    uint32_t *k_pairs = k_pair_buf.data(), *v_pairs = v_pair_buf.data();
-    (void)k_pairs;
-    (void)v_pairs;
+    // Operands of the three GEMMs of P and dS: P^T, dS^T, dS in bf16 rows; K, Q, dO in row pairs.
+    PairBuffer p_t_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0), ds_t_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0),
+        ds_r_buf(pairs ? size_t(dm.bq) * dm.bk / 2 : 0), k_rp_buf(pairs ? size_t(dm.bk / 2) * dm.dp : 0),
+        q_rp_buf(pairs ? size_t(dm.bq / 2) * dm.dp : 0), g_rp_buf(pairs ? size_t(dm.bq / 2) * dm.dvp : 0);
+    uint32_t *k_pairs = k_pair_buf.data(), *v_pairs = v_pair_buf.data(), *k_rp = k_rp_buf.data(),
+             *q_rp = q_rp_buf.data(), *g_rp = g_rp_buf.data();
+    auto* p_t = reinterpret_cast<uint16_t*>(p_t_buf.data());
+    auto* ds_t = reinterpret_cast<uint16_t*>(ds_t_buf.data());
+    auto* ds_r = reinterpret_cast<uint16_t*>(ds_r_buf.data());
+    (void)k_pairs, (void)v_pairs, (void)k_rp, (void)q_rp, (void)g_rp, (void)p_t, (void)ds_t, (void)ds_r;
     const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
                     dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data()) &&
-                    (!pairs || (k_pairs && v_pairs));
+                    (!pairs || (k_pairs && v_pairs && k_rp && q_rp && g_rp && p_t && ds_t && ds_r));
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -496,6 +538,7 @@ Error backward_impl(const Problem& p, int threads) {
         if constexpr (T == FA_BFLOAT16) {
           pack_rows<T>(p, p.k, p.k_layout, b, hk, j0, cols, dm.bk, dm.d, k_pairs);
           pack_rows<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, v_pairs);
+          pack_row_pairs<T>(p, p.k, p.k_layout, b, hk, j0, cols, dm.bk, dm.d, dm.dp, k_rp);
         }
 #endif
         dk.zero();
@@ -584,6 +627,30 @@ Error backward_impl(const Problem& p, int threads) {
                 sr[c] = pr * keep;
               }
             }
+#if defined(FA_CPU_BF16_DOT)
+            if constexpr (T == FA_BFLOAT16) {
+              // bf16: P and dS rounded to bf16 (as the GPU kernels and the plain bf16 implementation do) and the
+              // three GEMMs they feed in bf16 dot products: dV += P^T dO, dK += dS^T Q, dQ += dS K.
+              pairs_of_rows(s.data(), dm.bk, dm.bq, dm.bk, p_t, true);     // P^T (keys x queries)
+              pairs_of_rows(dp.data(), dm.bk, dm.bq, dm.bk, ds_t, true);   // dS^T
+              pairs_of_rows(dp.data(), dm.bk, dm.bq, dm.bk, ds_r, false);  // dS (queries x keys)
+              pack_row_pairs<T>(p, p.dout, p.dout_layout, b, h, i0, rows, dm.bq, dm.dv, dm.dvp, g_rp);
+              pack_row_pairs<T>(p, p.q, p.q_layout, b, h, i0, rows, dm.bq, dm.d, dm.dp, q_rp);
+              gemm_bf16<true>(dm.bk, dm.dvp, dm.bq, p_t, dm.bq, g_rp, dm.dvp, hk_dv, dm.dvp);
+              gemm_bf16<true>(dm.bk, dm.dp, dm.bq, ds_t, dm.bq, q_rp, dm.dp, hk_dk, dm.dp);
+              if (rows == dm.bq) {
+                gemm_bf16<true>(dm.bq, dm.dp, dm.bk, ds_r, dm.bk, k_rp, dm.dp, dq_part + qrow(b, i0) * dm.dp, dm.dp);
+              } else {
+                gemm_bf16<false>(dm.bq, dm.dp, dm.bk, ds_r, dm.bk, k_rp, dm.dp, dq.data(), dm.dp);
+                for (int r = 0; r < rows; ++r) {
+                  float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
+                  const float* src = dq.data() + int64_t(r) * dm.dp;
+                  for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
+                }
+              }
+              continue;
+            }
+#endif
             // dV += P^T dO and dK += dS^T Q read P and dS transposed in place (no transpose copies).
             gemm<true, ALayout::kTransposed>(dm.bk, dm.dvp, dm.bq, s.data(), dm.bk, gt, dm.dvp, hk_dv, dm.dvp);
             gemm<true, ALayout::kTransposed>(dm.bk, dm.dp, dm.bq, dp.data(), dm.bk, qt, dm.dp, hk_dk, dm.dp);
