@@ -19,6 +19,8 @@
 #                 adding shapes in time for the report to be written
 #   --mock        test the harness itself: 'ours' is bench/gpu/mock/flashattn_mock (torch's plain implementation), whatever
 #                 was built; its rows say nothing about our kernels
+#   FLASHATTN_BENCH_ARGS (environment): extra bench.py arguments, e.g. --decode-only for the decode rows alone
+#                 beside the correctness steps (FLASHATTN_BENCH_RESERVE: the seconds they keep for it, default 90)
 #   --ablations   for a build with the sm90 ablation variants only: bench.py --ablations times the sm90 bf16 d128
 #                 forward once per FLASHATTN_SM90_MECHANISMS variant (seqlen 2k/8k/16k, causal and not, cuDNN
 #                 beside it) after the main table, which leaves it its time; results.md gets an Ablation table
