@@ -629,7 +629,7 @@ Error backward_impl(const Problem& p, int threads) {
             }
 #if defined(FA_CPU_BF16_DOT)
             if constexpr (T == FA_BFLOAT16) {
-              // bf16: P and dS rounded to bf16 (as the GPU kernels and the plain bf16 implementation do) and the
+              // bf16: P and dS rounded to bf16 (as the GPU kernels round them) and the
               // three GEMMs they feed in bf16 dot products: dV += P^T dO, dK += dS^T Q, dQ += dS K.
               pairs_of_rows(s.data(), dm.bk, dm.bq, dm.bk, p_t, true);     // P^T (keys x queries)
               pairs_of_rows(dp.data(), dm.bk, dm.bq, dm.bk, ds_t, true);   // dS^T
