@@ -267,11 +267,14 @@ Error forward_impl(const Problem& p, int threads) {
     FloatBuffer st(size_t(dm.bk) * dm.bq), o(size_t(dm.bq) * dm.dvp), m(dm.bq), l(dm.bq), alpha(dm.bq);
     FloatBuffer kv(cache_kv ? size_t(kv_cache_floats) : 0);
     int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv holds
-    PairBuffer q_pair_buf(T == FA_BFLOAT16 && kHaveBf16Dot ? size_t(dm.dp / 2) * dm.bq : 0);
-    uint32_t* q_pairs = q_pair_buf.data();
-    (void)q_pairs;
+    const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
+    PairBuffer q_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bq : 0), v_rp_buf(pairs ? size_t(dm.bk / 2) * dm.dvp : 0),
+        p_rows_buf(pairs ? size_t(dm.bq) * dm.bk / 2 : 0);
+    uint32_t *q_pairs = q_pair_buf.data(), *v_rp = v_rp_buf.data();
+    auto* p_rows = reinterpret_cast<uint16_t*>(p_rows_buf.data());
+    (void)q_pairs, (void)v_rp, (void)p_rows;
     const bool ok = qt.data() && k.data() && v.data() && st.data() && o.data() && m.data() && l.data() &&
-                    alpha.data() && (!cache_kv || kv.data()) && (q_pair_buf.size() == 0 || q_pairs);
+                    alpha.data() && (!cache_kv || kv.data()) && (!pairs || (q_pairs && v_rp && p_rows));
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -375,6 +378,15 @@ Error forward_impl(const Problem& p, int threads) {
           for (int c = 0; c < cols; ++c)
             for (int r = 0; r < rows; ++r)
               st.data()[int64_t(c) * dm.bq + r] *= p.dropout.factor(b, p.heads_q, h, i0 + r, j0 + c);
+#if defined(FA_CPU_BF16_DOT)
+        if constexpr (T == FA_BFLOAT16) {
+          // O += P V in bf16 dot products: P rounded to bf16 (as the GPU kernels round it), V in row pairs.
+          pairs_of_rows(st.data(), dm.bq, dm.bk, dm.bq, p_rows, true);  // P (queries x keys)
+          pack_row_pairs<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, dm.dvp, v_rp);
+          gemm_bf16<true>(dm.bq, dm.dvp, dm.bk, p_rows, dm.bk, v_rp, dm.dvp, o.data(), dm.dvp);
+          continue;
+        }
+#endif
         gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, vt, dm.dvp, o.data(), dm.dvp);
       }
       using S = Storage<T>;
