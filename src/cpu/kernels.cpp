@@ -9,8 +9,8 @@
 // recomputes P from the saved LSE tile by tile (the common rows in vectors), accumulates dK/dV of its key block in
 // registers-sized tiles and its share of dQ in an fp32 buffer (full blocks straight from the GEMM); its heads' Q
 // and dO tiles are converted once per task when they fit a per-thread cache. A last pass sums dQ over chunks and
-// dK/dV over each GQA group. bf16 problems on AVX512-BF16 (the avx512bf16 build) run the backward's five GEMMs and
-// the forward's Q.K^T in bf16 dot products, P and dS rounded to bf16 as the GPU kernels round them.
+// dK/dV over each GQA group. bf16 problems on AVX512-BF16 (the avx512bf16 build) run the GEMMs of both directions
+// in bf16 dot products, P and dS rounded to bf16 as the GPU kernels round them.
 // Measured: bench/results/2026-12-01_cpu_bwd_epyc2.md.
 // Every sum is taken in a fixed order, so the backward is deterministic.
 #include <omp.h>
