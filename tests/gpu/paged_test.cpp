@@ -97,6 +97,33 @@ PagedCase without_seqused(PagedCase c) {
   return c;
 }
 
+void run_cases(const std::vector<PagedCase>& list, uint32_t seed) {
+  int ran = 0;
+  std::string skipped;
+  for (PagedCase c : list) {
+    for (fa_dtype t : {FA_BFLOAT16, FA_FLOAT16}) {
+      c.dtype = t;
+      SCOPED_TRACE(c.name + (t == FA_BFLOAT16 ? " bf16" : " fp16"));
+      const PagedData g = paged_testing::make_data(c, seed++);
+      const Result contig = run(c, g, false);
+      if (contig.status == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(contig.message)) {
+        skipped = contig.message;  // this case's family is absent here; the others still run
+        continue;
+      }
+      ASSERT_EQ(contig.status, FA_OK) << contig.message;
+      const Result paged = run(c, g, true);
+      ASSERT_EQ(paged.status, FA_OK) << paged.message;
+      ++ran;
+      // Both calls must be right on their own (the NaN in unused slots must not leak into either), and equal.
+      EXPECT_EQ(paged_testing::check_written(c, g, contig.out, contig.lse), "") << "contiguous call";
+      EXPECT_EQ(paged_testing::check_written(c, g, paged.out, paged.lse), "") << "paged call";
+      EXPECT_EQ(std::memcmp(paged.out.data(), contig.out.data(), paged.out.size()), 0) << "out differs";
+      EXPECT_EQ(std::memcmp(paged.lse.data(), contig.lse.data(), paged.lse.size() * 4), 0) << "lse differs";
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << skipped;
+}
+
 TEST(Paged, EqualsContiguous) {
   SKIP_WITHOUT_GPU();
   constexpr fa_backend k90 = FA_BACKEND_CUDA_SM90, k80 = FA_BACKEND_CUDA_SM80;
@@ -131,31 +158,21 @@ TEST(Paged, EqualsContiguous) {
       table_padded(make("sm80 d64 page 16 table row stride 25", k80, 64, 16, 20, {300, 3})),
   };
   // clang-format on
-  uint32_t seed = 11;
-  int ran = 0;
-  std::string skipped;
-  for (PagedCase c : cases) {
-    for (fa_dtype t : {FA_BFLOAT16, FA_FLOAT16}) {
-      c.dtype = t;
-      SCOPED_TRACE(c.name + (t == FA_BFLOAT16 ? " bf16" : " fp16"));
-      const PagedData g = paged_testing::make_data(c, seed++);
-      const Result contig = run(c, g, false);
-      if (contig.status == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(contig.message)) {
-        skipped = contig.message;  // this case's family is absent here; the others still run
-        continue;
-      }
-      ASSERT_EQ(contig.status, FA_OK) << contig.message;
-      const Result paged = run(c, g, true);
-      ASSERT_EQ(paged.status, FA_OK) << paged.message;
-      ++ran;
-      // Both calls must be right on their own (the NaN in unused slots must not leak into either), and equal.
-      EXPECT_EQ(paged_testing::check_written(c, g, contig.out, contig.lse), "") << "contiguous call";
-      EXPECT_EQ(paged_testing::check_written(c, g, paged.out, paged.lse), "") << "paged call";
-      EXPECT_EQ(std::memcmp(paged.out.data(), contig.out.data(), paged.out.size()), 0) << "out differs";
-      EXPECT_EQ(std::memcmp(paged.lse.data(), contig.lse.data(), paged.lse.size() * 4), 0) << "lse differs";
-    }
-  }
-  if (ran == 0) GTEST_SKIP() << skipped;
+  run_cases(cases, 11);
+}
+
+// A few cases of each read path for compute-sanitizer (memcheck, racecheck): the full list is too slow there.
+TEST(PagedSanitizer, ReadPaths) {
+  SKIP_WITHOUT_GPU();
+  constexpr fa_backend k90 = FA_BACKEND_CUDA_SM90, k80 = FA_BACKEND_CUDA_SM80;
+  const std::vector<PagedCase> cases = {
+      make("sm90 row boxes", k90, 128, 16, 12, {190, 3}),
+      make("sm90 block boxes", k90, 128, 128, 2, {200, 1}),
+      with(make("sm90 row boxes splits 3", k90, 64, 16, 16, {256, 40}), 1, false, 3),
+      make("sm90 gathered", k90, 128, 3, 40, {100, 0}),
+      make("sm80 gathered", k80, 64, 16, 8, {128, 9}),
+  };
+  run_cases(cases, 101);
 }
 
 // A cache without pages (every sequence empty): no TMA descriptor can describe it, so the plan gathers; every row
