@@ -304,29 +304,41 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bo
     rank's rows of out (B, S_r, Hq, Dv), and with return_attn_probs (out, lse (B, Hq, S_r), None).
     Differentiable in q, k, v.
     """
+    window = _ring_options(layout, window_size, alibi_slopes)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: must be (batch, seqlen_shard, heads, head_dim)")
+    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
+        raise ValueError("k: the shard of keys must hold the same positions as the shard of queries")
+    out, lse = _ring_call(q, k, v, group, causal, window, softmax_scale, softcap, layout, deterministic, None)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _ring_options(layout: str, window_size, alibi_slopes) -> Tuple[int, int]:
+    """The checks of the options both ring functions take; returns the window."""
     if layout not in ("zigzag", "contiguous"):
         raise ValueError(f"layout: must be 'zigzag' or 'contiguous' (got {layout!r})")
     window = window_pair(window_size)
     if window[0] < -1 or window[1] < -1:
         raise ValueError(f"window_size: each side must be >= -1, -1 = unbounded (got {tuple(window_size)})")
     if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi across shards is not supported by ring_flash_attn_func")
+        raise NotImplementedError("alibi_slopes: ALiBi across shards is not supported by ring attention")
+    return window
+
+
+def _ring_call(q, k, v, group, causal, window, softmax_scale, softcap, layout, deterministic, cu_seqlens):
+    """The ring over (B, S_r, H, D) shards (varlen: B = 1 and cu_seqlens): head dims padded to a multiple of 8 (the
+    scale of the real one), out sliced back to v's head dim."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("group: torch.distributed is not initialised (init_process_group first)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name}: must be (batch, seqlen_shard, heads, head_dim)")
-    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
-        raise ValueError("k: the shard of keys must hold the same positions as the shard of queries")
     head_dim_v = v.shape[-1]
     scale = softmax_scale
     if scale is None and q.shape[-1] % 8 != 0:
         scale = q.shape[-1] ** -0.5
     q, k, v = (_pad_head_dim(t) for t in (q, k, v))
     out, lse = _RingAttention.apply(q, k, v, group, bool(causal), window, None if scale is None else float(scale),
-                                    float(softcap), layout, bool(deterministic), None)
-    out = out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]
-    return (out, lse, None) if return_attn_probs else out
+                                    float(softcap), layout, bool(deterministic), cu_seqlens)
+    return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]), lse
 
 
 def varlen_shard(x: Tensor, cu_seqlens, rank: int, world: int, layout: str = "zigzag", dim: int = 0) -> Tensor:
@@ -350,13 +362,7 @@ def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens, gro
     are this rank's rows, its shard of every sequence (``varlen_shard``); cu_seqlens (B + 1) the prefix sums of the
     whole sequences' lengths, the same on every rank (read on the host). Each sequence attends only to itself.
     Returns out (T_r, Hq, Dv), and with return_attn_probs (out, lse (Hq, T_r), None). Differentiable in q, k, v."""
-    if layout not in ("zigzag", "contiguous"):
-        raise ValueError(f"layout: must be 'zigzag' or 'contiguous' (got {layout!r})")
-    window = window_pair(window_size)
-    if window[0] < -1 or window[1] < -1:
-        raise ValueError(f"window_size: each side must be >= -1, -1 = unbounded (got {tuple(window_size)})")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi across shards is not supported by ring attention")
+    window = _ring_options(layout, window_size, alibi_slopes)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name}: must be (rows, heads, head_dim), the packed rows of this rank")
@@ -365,14 +371,6 @@ def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens, gro
     cu = [int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else cu_seqlens)]
     if len(cu) < 1 or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError("cu_seqlens: must start at 0 and be non-decreasing (prefix sums of the sequence lengths)")
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("group: torch.distributed is not initialised (init_process_group first)")
-    head_dim_v = v.shape[-1]
-    scale = softmax_scale
-    if scale is None and q.shape[-1] % 8 != 0:
-        scale = q.shape[-1] ** -0.5
-    q, k, v = (_pad_head_dim(t)[None] for t in (q, k, v))
-    out, lse = _RingAttention.apply(q, k, v, group, bool(causal), window, None if scale is None else float(scale),
-                                    float(softcap), layout, bool(deterministic), tuple(cu))
-    out = out[0] if out.shape[-1] == head_dim_v else out[0, ..., :head_dim_v]
-    return (out, lse[0], None) if return_attn_probs else out
+    out, lse = _ring_call(q[None], k[None], v[None], group, causal, window, softmax_scale, softcap, layout,
+                          deterministic, tuple(cu))
+    return (out[0], lse[0], None) if return_attn_probs else out[0]

@@ -490,7 +490,9 @@ Error backward_impl(const Problem& p, int threads) {
   const int64_t heads_per_task = (group + subgroups - 1) / subgroups;
   const int64_t q_blocks_max = (max_lq + dm.bq - 1) / dm.bq;
   const int64_t cache_floats = heads_per_task * q_blocks_max * dm.bq * (dm.dp + dm.dvp);
-  const bool cache_qdo = cache_floats > 0 && cache_floats * int64_t(sizeof(float)) <= kQdoCacheBytes;
+  // bf16 with dot products reads Q and dO as bf16 (fp32 tiles only for the Q.K^T / dO.V^T of a partial block).
+  const bool bf16_dot = T == FA_BFLOAT16 && kHaveBf16Dot;
+  const bool cache_qdo = !bf16_dot && cache_floats > 0 && cache_floats * int64_t(sizeof(float)) <= kQdoCacheBytes;
   bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -498,7 +500,7 @@ Error backward_impl(const Problem& p, int threads) {
         kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
         dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp),
         dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp), qdo(cache_qdo ? size_t(cache_floats) : 0);
-    const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
+    const bool pairs = bf16_dot;
     PairBuffer k_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bk : 0), v_pair_buf(pairs ? size_t(dm.dvp / 2) * dm.bk : 0);
     // Operands of the three GEMMs of P and dS: P^T, dS^T, dS in bf16 rows; K, Q, dO in row pairs.
     PairBuffer p_t_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0), ds_t_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0),
@@ -575,7 +577,7 @@ Error backward_impl(const Problem& p, int threads) {
             if (cache_qdo) {
               qt = q_tile(h, i0 / dm.bq);
               gt = g_tile(h, i0 / dm.bq);
-            } else {
+            } else if (!bf16_dot || rows < dm.bq) {
               load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, qt);
               load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, gt);
             }

@@ -58,9 +58,10 @@ detail::Error refuse_dropout(const detail::Problem& p) {
 // workspace's start and runs the contiguous problem over them.
 detail::Error run_forward_plan(const detail::Problem& p, const FwdPlan& plan, char* workspace, cudaStream_t stream) {
   if (plan.paged == PagedLoad::kGather) {
-    constexpr int64_t kAlign = 256;
+    GatherLayout layout;
+    if (!gather_layout(p, &layout)) return detail::backend_error("paged K/V gather: the plan's layout overflows");
     char* k = workspace;
-    char* v = workspace + (gathered_bytes(p, false) + kAlign - 1) / kAlign * kAlign;
+    char* v = workspace + layout.v_offset;
     if (cudaError_t e = launch_paged_gather(p, k, v, stream); e != cudaSuccess)
       return runtime_error("paged K/V gather kernel launch", e);
     FwdPlan contiguous = plan;

@@ -26,11 +26,18 @@ detail::Error check_device_pointer(const char* name, const void* ptr, int device
   return detail::ok();
 }
 
-int64_t gathered_bytes(const detail::Problem& p, bool values) {
-  int64_t n = 2;  // 16-bit storage
-  for (int64_t f : {p.batch, p.seqlen_k, p.heads_kv, values ? p.head_dim_v : p.head_dim})
-    if (__builtin_mul_overflow(n, f, &n)) return -1;
-  return n;
+bool gather_layout(const detail::Problem& p, GatherLayout* layout) {
+  constexpr int64_t kAlign = 256, kMax = int64_t(1) << 60;
+  auto copy_bytes = [&](int64_t dim) {
+    int64_t n = 2;  // 16-bit storage
+    for (int64_t f : {p.batch, p.seqlen_k, p.heads_kv, dim})
+      if (__builtin_mul_overflow(n, f, &n) || n > kMax) return int64_t(-1);
+    return (n + kAlign - 1) / kAlign * kAlign;
+  };
+  const int64_t k = copy_bytes(p.head_dim), v = copy_bytes(p.head_dim_v);
+  if (k < 0 || v < 0) return false;
+  *layout = GatherLayout{k, k + v};
+  return true;
 }
 
 detail::Problem contiguous_kv(const detail::Problem& p, void* k, void* v) {

@@ -27,7 +27,12 @@ detail::Error run_backward_in_workspace(const detail::Problem& p, const BwdPlan&
 // D/Dv) copies of its keys at k / v (null when only planning), and the bytes of each copy. The gather kernel
 // (paged_gather.cu) fills them: the used keys of each sequence, zeros past them and for out-of-range pages.
 detail::Problem contiguous_kv(const detail::Problem& p, void* k, void* v);
-int64_t gathered_bytes(const detail::Problem& p, bool values);  // k copy (values = false) or v copy; -1: overflow
+// Where the copies lie at the workspace's start: K at 0, V at v_offset, the kernels' workspace at bytes (256-byte
+// aligned). False when the sizes overflow.
+struct GatherLayout {
+  int64_t v_offset = 0, bytes = 0;
+};
+bool gather_layout(const detail::Problem& p, GatherLayout* layout);
 cudaError_t launch_paged_gather(const detail::Problem& p, void* k, void* v, cudaStream_t stream);
 
 // A tensor the kernel will read must be device memory of the device it runs on (a host pointer labelled

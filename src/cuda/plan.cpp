@@ -212,16 +212,15 @@ detail::Error plan_forward(const detail::Problem& p, const fa_exec& exec, Family
   // The copies hold every sequence's whole capacity (batch x max_pages x page_size keys): the memory this path
   // costs, refused when it overflows.
   auto gathered = [&](Family family) {
-    const int64_t k_bytes = gathered_bytes(p, false), v_bytes = gathered_bytes(p, true);
-    if (k_bytes < 0 || v_bytes < 0 || k_bytes > (int64_t(1) << 60) - v_bytes)
+    GatherLayout layout;
+    if (!gather_layout(p, &layout))
       return detail::invalid("block_table",
                              "the gathered copy of the paged K/V (batch x max_pages x page_size keys) "
                              "is too large to address");
     detail::Error e = plan_forward(contiguous_kv(p, nullptr, nullptr), exec, family, plan);
     if (!e.ok()) return e;
-    constexpr int64_t kAlign = 256;
     plan->paged = PagedLoad::kGather;
-    plan->gather_bytes = (k_bytes + v_bytes + 2 * kAlign - 1) / kAlign * kAlign + kAlign;
+    plan->gather_bytes = layout.bytes;
     plan->workspace_bytes += plan->gather_bytes;
     return e;
   };

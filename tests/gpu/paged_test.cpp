@@ -31,34 +31,47 @@ struct Result {
   std::vector<float> lse;
 };
 
+// A case's tensors copied to the device (paged or contiguous K/V; out and lse poisoned: NaN in every float format)
+// and the call's params over them.
+struct DeviceCall {
+  size_t out_bytes, lse_n;
+  DeviceBuffer q, k, v, table, used, out, lse;
+  fa_fwd_params params;
+  DeviceCall(const PagedCase& c, const PagedData& g, bool paged)
+      : out_bytes(size_t(c.batch * c.sq * c.hq * c.dv) * paged_testing::elem_bytes(c.dtype)),
+        lse_n(size_t(c.batch * c.hq * c.sq)),
+        q(g.q.size(), g.q.data()),
+        k((paged ? g.k_pages : g.k_contig).size(), (paged ? g.k_pages : g.k_contig).data()),
+        v((paged ? g.v_pages : g.v_contig).size(), (paged ? g.v_pages : g.v_contig).data()),
+        table(g.table.size() * 4, g.table.data()),
+        used(g.used.size() * 4, g.used.data()),
+        out(out_bytes),
+        lse(lse_n * 4) {
+    cudaMemset(out.ptr, 0xff, out_bytes);
+    cudaMemset(lse.ptr, 0xff, lse_n * 4);
+    const Buffers m{q.ptr,
+                    k.ptr,
+                    v.ptr,
+                    out.ptr,
+                    static_cast<float*>(lse.ptr),
+                    static_cast<int32_t*>(table.ptr),
+                    static_cast<int32_t*>(used.ptr)};
+    params = paged_testing::make_params(c, g, m, paged, FA_DEVICE_CUDA);
+  }
+};
+
 Result run(const PagedCase& c, const PagedData& g, bool paged) {
-  const size_t e = paged_testing::elem_bytes(c.dtype);
-  const size_t out_bytes = size_t(c.batch * c.sq * c.hq * c.dv) * e, lse_n = size_t(c.batch * c.hq * c.sq);
-  const std::vector<uint8_t>& k = paged ? g.k_pages : g.k_contig;
-  const std::vector<uint8_t>& v = paged ? g.v_pages : g.v_contig;
-  DeviceBuffer dq(g.q.size(), g.q.data()), dk(k.size(), k.data()), dv(v.size(), v.data());
-  DeviceBuffer dt(g.table.size() * 4, g.table.data()), du(g.used.size() * 4, g.used.data());
-  DeviceBuffer dout(out_bytes), dlse(lse_n * 4);
-  cudaMemset(dout.ptr, 0xff, out_bytes);  // poisoned: NaN in every 16-bit float format
-  cudaMemset(dlse.ptr, 0xff, lse_n * 4);
-  Buffers m{dq.ptr,
-            dk.ptr,
-            dv.ptr,
-            dout.ptr,
-            static_cast<float*>(dlse.ptr),
-            static_cast<int32_t*>(dt.ptr),
-            static_cast<int32_t*>(du.ptr)};
-  const fa_fwd_params p = paged_testing::make_params(c, g, m, paged, FA_DEVICE_CUDA);
+  DeviceCall d(c, g, paged);
   const fa_exec x = paged_testing::make_exec(c);
   Result r;
-  r.status = fa_forward(&p, &x);
+  r.status = fa_forward(&d.params, &x);
   r.message = fa_last_error();
   if (r.status != FA_OK) return r;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  r.out.resize(out_bytes);
-  r.lse.resize(lse_n);
-  EXPECT_EQ(cudaMemcpy(r.out.data(), dout.ptr, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(r.lse.data(), dlse.ptr, lse_n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  r.out.resize(d.out_bytes);
+  r.lse.resize(d.lse_n);
+  EXPECT_EQ(cudaMemcpy(r.out.data(), d.out.ptr, d.out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(r.lse.data(), d.lse.ptr, d.lse_n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   return r;
 }
 
@@ -199,19 +212,10 @@ TEST(Paged, PlanReadsPagesNativelyOnSm90) {
   auto workspace = [](int64_t page) {
     PagedCase c = make("plan", FA_BACKEND_CUDA_SM90, 128, page, 48 / page * 16, {16});
     const PagedData g = paged_testing::make_data(c, 1);
-    DeviceBuffer q(g.q.size()), k(g.k_pages.size()), v(g.v_pages.size()), t(g.table.size() * 4), u(4), o(g.q.size()),
-        l(64);
-    Buffers m{q.ptr,
-              k.ptr,
-              v.ptr,
-              o.ptr,
-              static_cast<float*>(l.ptr),
-              static_cast<int32_t*>(t.ptr),
-              static_cast<int32_t*>(u.ptr)};
-    const fa_fwd_params p = paged_testing::make_params(c, g, m, true, FA_DEVICE_CUDA);
+    const DeviceCall d(c, g, true);
     const fa_exec x = paged_testing::make_exec(c);
     fa_plan_info info{};
-    const fa_status st = fa_forward_plan(&p, &x, &info);
+    const fa_status st = fa_forward_plan(&d.params, &x, &info);
     return std::make_pair(st == FA_OK ? info.workspace_bytes : int64_t(-1), std::string(fa_last_error()));
   };
   const auto [native, msg] = workspace(16);

@@ -75,6 +75,19 @@ def _shard(x, rank, world, layout):
     return torch.tensor_split(x, world, dim=1)[rank]
 
 
+def _failures(rank, name, checks):
+    """The checks (what, got, float64 want, fp32 plain or None) that miss the tolerance: 2x the plain error plus a
+    floor, or 1e-5 where there is no plain counterpart (lse)."""
+    failures = []
+    for what, got, want, pl in checks:
+        err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
+        tol = 1e-5 if pl is None else 2 * (pl.double() - want.double()).abs().max().item() + \
+            1e-6 * max(1.0, want.abs().max().item())
+        if not err <= tol:  # NaN fails
+            failures.append(f"rank {rank} {name} {what}: max error {err:.3e} > {tol:.3e}")
+    return failures
+
+
 def _worker(rank, world, port, results):
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -101,12 +114,7 @@ def _worker(rank, world, port, results):
                        None)]
             checks += [(nm, got, _shard(w, rank, world, layout), _shard(p, rank, world, layout))
                        for nm, got, w, p in zip(("dq", "dk", "dv"), grads, exact_grads, plain_grads)]
-            for what, got, want, pl in checks:
-                err = (got.double() - want.double()).abs().max().item()
-                tol = 1e-5 if pl is None else 2 * (pl.double() - want.double()).abs().max().item() + \
-                    1e-6 * max(1.0, want.abs().max().item())
-                if not err <= tol:  # NaN fails
-                    failures.append(f"rank {rank} {name} {what}: max error {err:.3e} > {tol:.3e}")
+            failures += _failures(rank, name, checks)
         results[rank] = failures
         dist.destroy_process_group()
     except Exception:
@@ -167,12 +175,7 @@ def _varlen_worker(rank, world, port, results):
             checks = [("out", out, shard(exact), shard(plain)), ("lse", lse, shard(exact_lse, 1), None)]
             checks += [(nm, got, shard(w), shard(p)) for nm, got, w, p in
                        zip(("dq", "dk", "dv"), grads, exact_grads, plain_grads)]
-            for what, got, want, pl in checks:
-                err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
-                tol = 1e-5 if pl is None else 2 * (pl.double() - want.double()).abs().max().item() + \
-                    1e-6 * max(1.0, want.abs().max().item())
-                if not err <= tol:  # NaN fails
-                    failures.append(f"rank {rank} {name} {what}: max error {err:.3e} > {tol:.3e}")
+            failures += _failures(rank, name, checks)
         results[rank] = failures
         dist.destroy_process_group()
     except Exception:
