@@ -387,26 +387,35 @@ def decode_rows(b: Bench, ours, quick: bool):
         empty_cache()
 
 
-def sink_rows(b: Bench, ours):
-    """The cost of learnable sinks (issue bar: <= 3%): ours with and without learnable_sink, bf16 d128, 8k tokens
-    x 1 sequence x 16 heads, causal and not, forward and backward, side by side (kind 'sinks')."""
-    if not ours.ok or "learnable_sink" not in inspect.signature(ours.module.flash_attn_func).parameters:
+def feature_rows(b: Bench, ours, feature: str):
+    """The cost of one feature: ours with and without it, bf16 d128, 8k tokens x 1 sequence x 16 heads, causal and
+    not, forward and backward, side by side (kinds '<feature>_fwd' / '<feature>_bwd', backends 'ours' and
+    'ours_<feature>'). 'sink': learnable sinks (issue bar: <= 3%); 'dropout': dropout_p = 0.1 (<= 15%; the plan
+    runs dropout on the sm80 kernels, so this is the price against the default path)."""
+    if not ours.ok:
         return
     fa = ours.module
+    if feature == "sink" and "learnable_sink" not in inspect.signature(fa.flash_attn_func).parameters:
+        return
     s, h, d = 8192, 16, 128
     for causal in (0, 1):
         base = dict(dtype="bf16", hdim=d, causal=causal, seqlen=s, batch=1, heads=h)
         q, k, v = (torch.randn(1, s, h, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         sink = torch.randn(h, device=DEV, requires_grad=True)
+        with_it = {"learnable_sink": sink} if feature == "sink" else {"dropout_p": 0.1}
         flops = 4 * s * s * h * d / (2 if causal else 1)
-        for name, extra in (("ours", {}), ("ours_sink", {"learnable_sink": sink})):
-            b.measure("sinks_fwd", name, lambda: fa.flash_attn_func(q, k, v, causal=bool(causal), **extra), flops,
-                      base)
-            o = fa.flash_attn_func(q, k, v, causal=bool(causal), **extra)
+        for name, extra in (("ours", {}), (f"ours_{feature}", with_it)):
+            try:
+                b.measure(f"{feature}s_fwd" if feature == "sink" else f"{feature}_fwd", name,
+                          lambda: fa.flash_attn_func(q, k, v, causal=bool(causal), **extra), flops, base)
+                o = fa.flash_attn_func(q, k, v, causal=bool(causal), **extra)
+            except (NotImplementedError, ValueError) as e:  # a build without the feature on this GPU
+                print(f"# {feature}: {e}", flush=True)
+                return
             do = torch.randn_like(o)
-            inputs = (q, k, v) + ((sink,) if extra else ())
-            b.measure("sinks_bwd", name, lambda: torch.autograd.grad(o, inputs, do, retain_graph=True), 2.5 * flops,
-                      base)
+            inputs = (q, k, v) + ((sink,) if feature == "sink" and extra else ())
+            b.measure(f"{feature}s_bwd" if feature == "sink" else f"{feature}_bwd", name,
+                      lambda: torch.autograd.grad(o, inputs, do, retain_graph=True), 2.5 * flops, base)
         q = k = v = o = do = None  # noqa: F841
         empty_cache()
 
@@ -418,7 +427,10 @@ def main():
     ap.add_argument("--ablations", action="store_true",
                     help=f"also time the sm90 forward per {MECHANISMS_ENV} variant (an ablation build only)")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: stop adding shapes")
-    ap.add_argument("--decode-only", action="store_true", help="only the decode rows (after the ceilings)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only the decode rows (after the ceilings), and the feature-cost rows --features names")
+    ap.add_argument("--features", default="sink,dropout",
+                    help="feature-cost rows (feature_rows), comma-separated: sink, dropout; '' for none")
     a = ap.parse_args()
     info = common.env_info()
     print("# " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
@@ -432,9 +444,10 @@ def main():
     t0 = time.time()
     ceilings(b)
     decode_rows(b, ours, a.quick)
+    for feature in filter(None, a.features.split(",")):
+        feature_rows(b, ours, feature)
     if a.decode_only:
         return
-    sink_rows(b, ours)
     # The main table leaves the ablations their time, so that an ablation run always gets its table.
     main_deadline = a.deadline - (ablation_reserve_s(b) if a.ablations else 0)
     if attention_rows(b, ours, a.quick, main_deadline):

@@ -159,7 +159,8 @@ def markdown(out_dir, work, rows):
               "; ".join(f"{label} {m:.2f}" if m else f"{label} –" for label, m in means) + "."]
     L += ablation_table(rows)
     L += decode_table(rows)
-    L += sink_table(rows)
+    L += feature_table(rows, "sink", "Learnable sinks")
+    L += feature_table(rows, "dropout", "Dropout p = 0.1")
     mem = [r for r in rows if r["kind"] == "memory"]
     if mem:
         L += ["", "## Peak extra memory (MiB above the inputs; bf16, 1×16k×16 heads, d128, causal)", "",
@@ -182,18 +183,20 @@ def markdown(out_dir, work, rows):
         f.write("\n".join(L))
 
 
-def sink_table(rows):
-    """Markdown lines: ours with and without learnable sinks, forward and backward, and the cost of the sinks."""
-    sk = [r for r in rows if r["kind"] in ("sinks_fwd", "sinks_bwd")]
+def feature_table(rows, feature, title):
+    """Markdown lines: ours with and without a feature (bench.py feature_rows), forward and backward, its cost."""
+    prefix = "sinks" if feature == "sink" else feature
+    sk = [r for r in rows if r["kind"] in (f"{prefix}_fwd", f"{prefix}_bwd")]
     if not sk:
         return []
     per = defaultdict(dict)
     for r in sk:
         per[(r["kind"], int(r["causal"]))][r["backend"]] = num(r["ms"])
-    L = ["", f"## Learnable sinks ({sk[0]['dtype']} d{sk[0]['hdim']}, {sk[0]['batch']}×{sk[0]['seqlen']}, "
-         f"{sk[0]['heads']} heads; ms)", "", "| pass | causal | without | with sinks | cost |", "|---|---|---|---|---|"]
+    L = ["", f"## {title} ({sk[0]['dtype']} d{sk[0]['hdim']}, {sk[0]['batch']}×{sk[0]['seqlen']}, "
+         f"{sk[0]['heads']} heads; ms)", "", f"| pass | causal | without | with {feature} | cost |",
+         "|---|---|---|---|---|"]
     for (kind, causal), v in sorted(per.items()):
-        a, w = v.get("ours"), v.get("ours_sink")
+        a, w = v.get("ours"), v.get(f"ours_{feature}")
         cost = f"{(w / a - 1) * 100:+.1f}%" if a and w else "–"
         L.append(f"| {kind.split('_')[1]} | {'yes' if causal else 'no'} | {a if a else 'n/a'} | "
                  f"{w if w else 'n/a'} | {cost} |")

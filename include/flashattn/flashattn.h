@@ -21,8 +21,8 @@
  *   dsink_h = -sum_{b,i} e^{sink_h - lse_i} * <dout_i, out_i>.
  * Dropout (dropout_p > 0): out_i = sum_j P_ij m_ij / (1 - p) v_j with P the softmax above (lse unchanged) and
  * m_ij in {0, 1} a pure function of (dropout_seed, dropout_offset, b, h, i, j) (src/core/dropout.hpp): every
- * backend draws the same mask, and the backward regenerates it from the same seed and offset. CPU backend only
- * so far (CUDA: FA_ERROR_UNSUPPORTED).
+ * backend draws the same mask, and the backward regenerates it from the same seed and offset. The CPU backend
+ * and cuda-sm80 (which FA_BACKEND_AUTO picks for it on every GPU; cuda-sm90 by name: FA_ERROR_UNSUPPORTED).
  * A window side of at least the longest sequence (query or key) means the same as -1, so any int64 is safe.
  *
  * Paged K/V (attn.block_table, forward of batched calls): k (num_pages, page_size, Hkv, D) and v (num_pages,

@@ -5,11 +5,11 @@ One call (i) rotates q and the new keys (rotary embedding, interleaved or half-s
 (contiguous or paged cache), (iii) attends q to the first ``cache_seqlens + new`` keys of each sequence.
 
 The attention reads a contiguous cache in place (its valid length is the kernel's ``seqused_k``), with split-KV
-for decode on cuda-sm90. A paged cache (``block_table``) on the CPU goes to the C ABI's paged K/V (flashattn.h,
-Paged K/V; the library also reads pages on CUDA, sm90 with TMA, but this layer keeps gathering CUDA caches until
-that path has run on a GPU). ``cache_batch_idx`` and ``cache_leftpad``, CUDA paged caches, and paged caches under
-torch.compile or with head dims that need padding are gathered here into a contiguous copy of the keys each
-sequence uses. The rotary step and the cache write are torch operations.
+for decode on cuda-sm90. A paged cache (``block_table``) goes to the C ABI's paged K/V (flashattn.h, Paged K/V:
+the CPU and cuda-sm90 read the pages in place, sm90 with TMA; cuda-sm80 gathers them in its workspace).
+``cache_batch_idx`` and ``cache_leftpad``, and paged caches under torch.compile or with head dims that need
+padding are gathered here into a contiguous copy of the keys each sequence uses. The rotary step and the cache
+write are torch operations.
 
 Checks that need the values of device tensors (``cache_seqlens`` + new tokens within the cache, page indices
 within the cache) run in eager calls that append or gather (one host synchronisation for all of them) and are
@@ -187,11 +187,9 @@ def flash_attn_with_kvcache(
     # for all of them). A plain decode call (contiguous cache, nothing appended) reads none: the kernels clamp
     # each sequence's key count to the cache.
     # Paged caches are read by the library itself (the C ABI's block_table) in eager calls whose head dims need no
-    # padding, so only an append (a write) checks the table. CPU caches only for now: the CUDA read paths (sm90 TMA
-    # boxes, the gathered copy) are built and tested by tests/gpu/paged_test.cpp but have not run on a GPU yet, so
-    # CUDA caches keep the torch gather below until they have.
-    native_paged = (paged and device.type == "cpu" and not torch.compiler.is_compiling() and head_dim % 8 == 0
-                    and head_dim_v % 8 == 0)
+    # padding, so only an append (a write) checks the table. The CUDA read paths (sm90 TMA boxes, the gathered
+    # copy) are tests/gpu/paged_test.cpp's (passed on the H200: bench/results/2026-12-01_h200_session11/).
+    native_paged = (paged and not torch.compiler.is_compiling() and head_dim % 8 == 0 and head_dim_v % 8 == 0)
     gathers = (paged and not native_paged) or cache_batch_idx is not None or cache_leftpad is not None
     if (new > 0 or gathers) and _values_checkable():
         checks = [("cache_seqlens", seqlens < 0, "entries must be >= 0"),

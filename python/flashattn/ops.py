@@ -174,8 +174,8 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
     cu_seqlens. num_threads: CPU worker threads (0 = all). stream: a cudaStream_t as an int for CUDA arrays.
     num_splits: split-KV on cuda-sm90 (0 = the plan picks, 1 = none; a hint elsewhere). sinks: float32 (Hq)
     learnable sink logits that join each row's softmax denominator (flashattn.h). dropout_p > 0 drops
-    probabilities by the mask of (dropout_seed, dropout_offset) (src/core/dropout.hpp; CPU backend so far); the
-    backward takes the same seed and offset.
+    probabilities by the mask of (dropout_seed, dropout_offset) (src/core/dropout.hpp; the CPU backend and
+    cuda-sm80); the backward takes the same seed and offset.
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if out is None:

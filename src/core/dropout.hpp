@@ -1,9 +1,13 @@
 // The dropout mask as a pure function of its coordinates, shared by the float64 reference, the CPU backend and
-// (next) the CUDA kernels: element (b, h, i, j) of a call with (seed, offset) is kept when one word of
-// Philox4x32-10(counter = (j / 4, i, b * heads_q + h, offset_lo), key = (seed_lo, seed_hi ^ offset_hi)), word
-// j % 4, is below (1 - p) * 2^32. b is the batch entry (varlen: the sequence), h the query head, i and j the query
-// and key positions within that sequence. Kept probabilities are scaled by 1 / (1 - p). No state, no order: the
-// backward regenerates the forward's mask, any tiling gives the same one, and nothing N x N is stored.
+// the CUDA kernels: element (b, h, i, j) of a call with (seed, offset) is kept when word
+// ((i >> 3) & 1) * 2 + (j & 1) of Philox4x32-10(counter = (j >> 1, ((i >> 4) << 3) | (i & 7), b * heads_q + h,
+// offset_lo), key = (seed_lo, seed_hi ^ offset_hi)) is below (1 - p) * 2^32. b is the batch entry (varlen: the
+// sequence), h the query head, i and j the query and key positions within that sequence. Kept probabilities are
+// scaled by 1 / (1 - p). No state, no order: the backward regenerates the forward's mask, any tiling gives the
+// same one, and nothing N x N is stored.
+// Why this grouping: one Philox call serves the four elements {i, i + 8} x {j, j + 1} (i % 16 < 8, j even), which
+// are exactly what one thread holds of a 16 x 8 tile in the accumulators of mma.sync m16n8k16 and wgmma m64nNk16
+// with queries as rows; every word of every call is used.
 #pragma once
 
 #include <cstdint>
@@ -42,12 +46,19 @@ struct DropoutRule {
     threshold = t >= 4294967295.0 ? 0xFFFFFFFFu : uint32_t(t);
     keep_scale = on ? float(1.0 / keep) : 1.f;
   }
+  // The four words of the group holding element (i, j) of (batch entry b, query head h); bh = b * heads_q + h.
+  FA_HOST_DEVICE PhiloxWords words(int64_t bh, int64_t i, int64_t j) const {
+    return philox4x32_10(uint32_t(j >> 1), uint32_t(((i >> 4) << 3) | (i & 7)), uint32_t(bh), uint32_t(offset),
+                         uint32_t(seed), uint32_t(seed >> 32) ^ uint32_t(offset >> 32));
+  }
+  // Which of the group's words element (i, j) draws.
+  FA_HOST_DEVICE static int word_of(int64_t i, int64_t j) { return int(((i >> 3) & 1) * 2 + (j & 1)); }
+  // The factor a word gives: 0 (dropped) or 1 / (1 - p).
+  FA_HOST_DEVICE float keep(uint32_t word) const { return word < threshold ? keep_scale : 0.f; }
   // The factor of probability (b, h, i, j): 0 (dropped) or 1 / (1 - p); 1 without dropout.
   FA_HOST_DEVICE float factor(int64_t b, int64_t heads_q, int64_t h, int64_t i, int64_t j) const {
     if (!on) return 1.f;
-    const PhiloxWords r = philox4x32_10(uint32_t(j >> 2), uint32_t(i), uint32_t(b * heads_q + h), uint32_t(offset),
-                                        uint32_t(seed), uint32_t(seed >> 32) ^ uint32_t(offset >> 32));
-    return r.w[j & 3] < threshold ? keep_scale : 0.f;
+    return keep(words(b * heads_q + h, i, j).w[word_of(i, j)]);
   }
 };
 

@@ -47,13 +47,6 @@ detail::Error check_pointers(const detail::Problem& p, bool backward) {
   return detail::ok();
 }
 
-// Dropout runs on the CPU backend so far; the CUDA kernels' probability slot takes it next (core/dropout.hpp is
-// shared with them).
-detail::Error refuse_dropout(const detail::Problem& p) {
-  if (!p.dropout.on) return detail::ok();
-  return detail::unsupported("dropout_p: dropout is not built for the CUDA backends yet (CPU tensors run it)");
-}
-
 // The plan's kernels on `workspace` (plan.workspace_bytes): a gathered paged call first copies its keys into the
 // workspace's start and runs the contiguous problem over them.
 detail::Error run_forward_plan(const detail::Problem& p, const FwdPlan& plan, char* workspace, cudaStream_t stream) {
@@ -83,7 +76,6 @@ detail::Error run_forward_plan(const detail::Problem& p, const FwdPlan& plan, ch
 
 template <Family kSelected>
 detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
-  if (detail::Error e = refuse_dropout(p); !e.ok()) return e;
   FwdPlan plan;
   if (detail::Error e = plan_forward(p, exec, kSelected, &plan); !e.ok()) return e;
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return detail::ok();  // nothing to compute
@@ -101,12 +93,18 @@ detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
 
 template <Family kSelected>
 detail::Error backward(const detail::Problem& p, const fa_exec& exec) {
-  if (detail::Error e = refuse_dropout(p); !e.ok()) return e;
   BwdPlan plan;
   if (detail::Error e = plan_backward(p, exec, kSelected, &plan); !e.ok()) return e;
-  if (p.batch == 0 || p.heads_q == 0) return detail::ok();  // nothing to compute
   DeviceGuard guard(p.device_index);
   if (guard.status() != cudaSuccess) return runtime_error("cudaSetDevice", guard.status());
+  if (p.batch == 0 || p.heads_q == 0) {
+    // Nothing to compute, but dsinks has heads_q entries even without batches: the sum over no rows is 0.
+    if (p.dsinks == nullptr || p.heads_q == 0) return detail::ok();
+    if (detail::Error e = check_device_pointer("dsinks", p.dsinks, p.device_index); !e.ok()) return e;
+    const cudaError_t zeroed =
+        cudaMemsetAsync(p.dsinks, 0, size_t(p.heads_q) * sizeof(float), static_cast<cudaStream_t>(exec.stream));
+    return zeroed == cudaSuccess ? detail::ok() : runtime_error("cudaMemsetAsync(dsinks)", zeroed);
+  }
   if (detail::Error e = check_pointers(p, true); !e.ok()) return e;
 #ifdef FLASHATTN_WITH_SM90
   if (plan.family == Family::kSm90) return sm90::run_backward(p, plan, static_cast<cudaStream_t>(exec.stream));
@@ -125,7 +123,6 @@ detail::TileShape tile_shape(const detail::Problem& p) {
 
 template <Family kSelected>
 detail::Error plan_info(const detail::Problem& p, const fa_exec& exec, detail::Direction dir, detail::PlanInfo* out) {
-  if (detail::Error e = refuse_dropout(p); !e.ok()) return e;
   *out = detail::PlanInfo{};
   auto common = [&](const auto& plan) {  // the fields both plans have
     out->kernels = family_name(plan.family);

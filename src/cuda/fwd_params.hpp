@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/dropout.hpp"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::cuda {
@@ -49,6 +50,9 @@ struct FwdParams {
   const float* alibi = nullptr;  // slopes, (Hq) or (B, Hq)
   int64_t alibi_batch_stride = 0;
   const float* sinks = nullptr;  // learnable sink logit per query head (natural-log units), optional
+  // Dropout (sm80 kernels with the Dropout variant): the mask rule of core/dropout.hpp, keyed by batch entry,
+  // query head and the positions within the sequence.
+  detail::DropoutRule dropout;
 
   // Paged K/V (sm90, plan.paged): key j of sequence b is slot j % page_size of page block_table[b *
   // block_table_stride + j / page_size]; k_batch / v_batch are then page strides and tensor_rows_k is page_size.

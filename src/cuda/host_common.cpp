@@ -101,6 +101,7 @@ FwdParams make_fwd_params(const detail::Problem& p) {
   k.alibi = p.alibi;
   k.alibi_batch_stride = p.alibi_batch_stride;
   k.sinks = p.sinks;
+  k.dropout = p.dropout;
   return k;
 }
 

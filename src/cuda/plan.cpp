@@ -45,6 +45,7 @@ Variant variant_of(const detail::Problem& p, int compiled_head_dim) {
   v.score_mods = needs_score_mods(p);
   // The score-mods kernel serves every head dim (sm80/kernel_variant.hpp); the plain one only the compiled one.
   v.padded_head_dim = v.score_mods || p.head_dim != compiled_head_dim || p.head_dim_v != compiled_head_dim;
+  v.dropout = p.dropout.on;
   return v;
 }
 
@@ -103,6 +104,7 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
     return "q: the cuda-sm90 backend has no kernel for this dtype with head_dim " + std::to_string(p.head_dim) +
            ", head_dim_v " + std::to_string(p.head_dim_v) + (needs_score_mods(p) ? " and softcap/ALiBi" : "") +
            " in this build (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
+  if (p.dropout.on) return "dropout_p: the cuda-sm90 forward has no dropout yet (FA_BACKEND_AUTO runs it on cuda-sm80)";
   return sm90_tma_unfit(p);
 }
 
@@ -273,6 +275,7 @@ std::string sm90_bwd_unfit(const detail::Problem& p, const fa_exec& exec, Instan
            std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build";
   if (needs_score_mods(p)) return "softcap: the cuda-sm90 backward has no softcap/ALiBi kernels yet";
   if (exec.deterministic) return "exec.deterministic: the cuda-sm90 backward has no deterministic mode yet";
+  if (p.dropout.on) return "dropout_p: the cuda-sm90 backward has no dropout yet";
   if (std::string unfit = sm90_tma_unfit(p); !unfit.empty()) return unfit;
   if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
     return "q: the cuda-sm90 backward supports at most 65535 heads and batch entries";

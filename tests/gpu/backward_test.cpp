@@ -112,6 +112,9 @@ void run_backward_case(const Case& c) {
     p.attn.window_left = c.wl;
     p.attn.window_right = c.wr;
     p.attn.softcap = c.softcap;
+    p.attn.dropout_p = c.dropout_p;
+    p.attn.dropout_seed = c.dropout_seed;
+    p.attn.dropout_offset = c.dropout_offset;
     if (c.alibi == Alibi::kHeads) p.attn.alibi_slopes = fa_make_tensor(x.slopes, FA_FLOAT32, dev, 1, &c.hq);
     if (c.alibi == Alibi::kBatch) {
       int64_t s[2] = {batch, c.hq};
@@ -147,11 +150,11 @@ void run_backward_case(const Case& c) {
   ASSERT_EQ(fa_backward(&gp, &exec), FA_OK) << fa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   // The kernels that ran, as the plan names them: cuda-sm90 takes fp16/bf16 up to head dim 128 without softcap,
-  // ALiBi or deterministic mode (plan.cpp); everything else is the sm80 backward.
+  // ALiBi, dropout or deterministic mode (plan.cpp); everything else is the sm80 backward.
   fa_plan_info plan{};
   ASSERT_EQ(fa_backward_plan(&gp, &exec, &plan), FA_OK) << fa_last_error();
   const bool sm90_takes = c.backend == FA_BACKEND_CUDA_SM90 && std::max(c.d, dim_v) <= 128 && c.softcap == 0.f &&
-                          c.alibi == Alibi::kNone && !c.deterministic;
+                          c.dropout_p == 0.f && c.alibi == Alibi::kNone && !c.deterministic;
   EXPECT_STREQ(plan.kernels, sm90_takes ? "cuda-sm90" : "cuda-sm80");
   const std::vector<uint16_t> got_q = dq.download(), got_k = dk.download(), got_v = dv.download();
   const std::vector<float> got_dsinks = c.sinks ? ddsinks.download() : std::vector<float>{};
@@ -281,11 +284,39 @@ std::vector<Case> backward_cases() {
 }
 // clang-format on
 
+// Dropout (cuda-sm80's Dropout variant, forward and backward): the reference regenerates the same mask
+// (core/dropout.hpp). Odd shapes and every mask, each tile's head dim and a padded one, GQA, varlen, softcap +
+// ALiBi, sinks, deterministic dQ, an offset with high bits.
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
+std::vector<Case> dropout_backward_cases() {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}};
+  const int64_t hdims[] = {64, 96, 128, 256, 64};
+  std::vector<Case> v = shape_mask_grid(shapes, hdims, kMasks);
+  for (Case& c : v) c.dropout_p = 0.17f, c.name += "_dropout";
+  auto add = [&](Case c) { c.dropout_p = c.dropout_p > 0.f ? c.dropout_p : 0.1f; v.push_back(c); };
+  Case g; g.sq = 130, g.sk = 160, g.d = g.dv = 64, g.hq = 6, g.hkv = 2, g.causal = true;
+  g.name = "dropout_gqa_causal"; add(g);
+  g.name = "dropout_gqa_causal_deterministic"; g.deterministic = true; add(g);
+  g.name = "dropout_p05_offset_high_bits"; g.deterministic = false; g.dropout_p = 0.5f; g.dropout_seed = 0x123456789abcdefull; g.dropout_offset = (uint64_t(3) << 40) + 77; add(g);
+  Case m; m.sq = 120, m.sk = 201, m.d = m.dv = 128; m.softcap = 5.f; m.alibi = Alibi::kHeads; m.causal = true;
+  m.name = "dropout_softcap_alibi_causal"; add(m);
+  Case s; s.sq = 130, s.sk = 90, s.hq = 4, s.hkv = 2; s.sinks = true; s.causal = true;
+  s.name = "dropout_sinks_causal_gqa"; add(s);
+  Case u; u.d = u.dv = 72; u.lens_q = {1, 17, 0, 239, 128, 90}; u.lens_k = {1, 33, 5, 239, 1, 129}; u.wl = 20, u.wr = 20;
+  u.name = "dropout_varlen_window_d72"; add(u);
+  return v;
+}
+// clang-format on
+
 class Backward : public testing::TestWithParam<Case> {};
 TEST_P(Backward, MatchesReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   run_backward_case(GetParam());
 }
+INSTANTIATE_TEST_SUITE_P(Sm80Dropout, Backward,
+                         testing::ValuesIn(for_backends(dropout_backward_cases(), {FA_BACKEND_CUDA_SM80})),
+                         bwd_case_name);
 // Both families: on a Hopper GPU cuda-sm90 runs its own backward wherever its plan takes the problem (and the
 // sm80 one elsewhere: softcap, ALiBi, deterministic, head dims above 128).
 INSTANTIATE_TEST_SUITE_P(Sm80, Backward, testing::ValuesIn(for_backends(backward_cases(), {FA_BACKEND_CUDA_SM80})),
@@ -313,9 +344,18 @@ std::vector<Case> backward_sanitizer_cases() {
   return v;
 }
 // clang-format on
-INSTANTIATE_TEST_SUITE_P(Sanitizer, Backward,
-                         testing::ValuesIn(for_backends(backward_sanitizer_cases(),
-                                                        {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90})),
-                         bwd_case_name);
+// Both families, and the sm80 dropout kernels (causal GQA, and padded varlen with deterministic dQ).
+std::vector<Case> all_backward_sanitizer_cases() {
+  std::vector<Case> v = for_backends(backward_sanitizer_cases(), {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90});
+  Case c;
+  c.sq = 70, c.sk = 130, c.hq = 4, c.hkv = 2, c.d = c.dv = 64, c.causal = true, c.dropout_p = 0.2f;
+  c.name = "dropout_gqa_causal";
+  Case u;
+  u.d = u.dv = 72, u.lens_q = {3, 70}, u.lens_k = {50, 9}, u.dropout_p = 0.3f, u.deterministic = true;
+  u.name = "dropout_varlen_d72_deterministic";
+  for (const Case& d : for_backends({c, u}, {FA_BACKEND_CUDA_SM80})) v.push_back(d);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Sanitizer, Backward, testing::ValuesIn(all_backward_sanitizer_cases()), bwd_case_name);
 
 }  // namespace

@@ -135,6 +135,9 @@ void run_case(const Case& c) {
     p.attn.window_left = c.wl;
     p.attn.window_right = c.wr;
     p.attn.softcap = c.softcap;
+    p.attn.dropout_p = c.dropout_p;
+    p.attn.dropout_seed = c.dropout_seed;
+    p.attn.dropout_offset = c.dropout_offset;
     if (c.sinks) p.attn.sinks = fa_make_tensor(sinks, FA_FLOAT32, dev, 1, &c.hq);
     if (c.alibi == Alibi::kHeads) p.attn.alibi_slopes = fa_make_tensor(sl, FA_FLOAT32, dev, 1, &c.hq);
     if (c.alibi == Alibi::kBatch) {
@@ -386,10 +389,70 @@ std::vector<Case> forward_cases() {
 }
 // clang-format on
 
+// Dropout (cuda-sm80's Dropout variant; the plan runs it there on every GPU): the reference draws the same mask
+// (core/dropout.hpp), so the outputs match it element for element under the usual tolerance. Odd shapes and every
+// mask, head dims of each tile (64, 128, 256) and a padded one, GQA, varlen with seqused_k, softcap + ALiBi,
+// sinks, and an offset with high bits (the key's second word).
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
+std::vector<Case> dropout_cases() {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}, {300, 129}};
+  const int64_t hdims[] = {64, 128, 256, 72, 64, 128};
+  const MaskKind masks[] = {{"none", false, false, -1, -1},
+                            {"causal_br", true, false, -1, -1},
+                            {"causal_tl", true, true, -1, -1},
+                            {"window", false, false, 37, 5}};
+  std::vector<Case> v = shape_mask_grid(shapes, hdims, masks);
+  for (Case& c : v) c.dropout_p = 0.17f, c.name += "_dropout";
+  auto add = [&](Case c) { c.dropout_p = c.dropout_p > 0.f ? c.dropout_p : 0.1f; v.push_back(c); };
+  Case g; g.sq = 130, g.sk = 260, g.hq = 8, g.hkv = 2, g.d = g.dv = 128, g.causal = true;
+  g.name = "dropout_gqa_causal"; add(g);
+  g.name = "dropout_p05_offset_high_bits"; g.dropout_p = 0.5f; g.dropout_seed = 0x123456789abcdefull; g.dropout_offset = (uint64_t(3) << 40) + 77; add(g);
+  Case m; m.sq = 120, m.sk = 201, m.d = m.dv = 64; m.softcap = 5.f; m.alibi = Alibi::kHeads;
+  m.name = "dropout_softcap_alibi"; add(m);
+  Case s; s.sq = 130, s.sk = 90, s.hq = 4, s.hkv = 2; s.sinks = true; s.causal = true;
+  s.name = "dropout_sinks_causal"; add(s);
+  Case u; u.d = u.dv = 64; u.lens_q = {1, 17, 0, 239, 128}; u.lens_k = {1, 33, 5, 239, 300}; u.seqused_k = {1, 20, 5, 0, 250}; u.causal = true;
+  u.name = "dropout_varlen_seqused_causal"; add(u);
+  return v;
+}
+// clang-format on
+
 class Forward : public testing::TestWithParam<Case> {};
 TEST_P(Forward, MatchesReference) {
   SKIP_WITHOUT_GPU();
   run_case(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Sm80Dropout, Forward, testing::ValuesIn(for_backends(dropout_cases(), {FA_BACKEND_CUDA_SM80})),
+                         case_name);
+
+// AUTO on a GPU whose own family has no dropout yet (sm90) plans cuda-sm80 for it; cuda-sm90 asked for by name
+// refuses it with an error naming dropout_p.
+TEST(ForwardDropout, AutoRunsItWhereSm90CannotYet) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.sq = 70, c.sk = 90, c.d = c.dv = 64, c.dropout_p = 0.2f, c.backend = FA_BACKEND_AUTO, c.name = "auto_dropout";
+  run_case(c);
+  DeviceBuffer<uint16_t> q(70 * 64), k(90 * 64), v(90 * 64), out(70 * 64);
+  fa_fwd_params p{};
+  p.attn = fa_attention_default();
+  int64_t qs[4] = {1, 70, 1, 64}, ks[4] = {1, 90, 1, 64};
+  p.attn.q = fa_make_tensor(q.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, qs);
+  p.attn.k = fa_make_tensor(k.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, ks);
+  p.attn.v = fa_make_tensor(v.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, ks);
+  p.out = fa_make_tensor(out.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, qs);
+  p.attn.dropout_p = 0.2f;
+  fa_exec exec = fa_exec_default();
+  fa_plan_info plan{};
+  ASSERT_EQ(fa_forward_plan(&p, &exec, &plan), FA_OK) << fa_last_error();
+  EXPECT_STREQ(plan.kernels, "cuda-sm80");
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  if (major == 9) {
+    exec.backend = FA_BACKEND_CUDA_SM90;
+    EXPECT_EQ(fa_forward(&p, &exec), FA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
+  }
 }
 INSTANTIATE_TEST_SUITE_P(Sm80, Forward, testing::ValuesIn(for_backends(forward_cases(), {FA_BACKEND_CUDA_SM80})),
                          case_name);
@@ -420,10 +483,19 @@ std::vector<Case> sanitizer_cases() {
   return v;
 }
 // clang-format on
-INSTANTIATE_TEST_SUITE_P(Sanitizer, Forward,
-                         testing::ValuesIn(for_backends(sanitizer_cases(),
-                                                        {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90})),
-                         case_name);
+// Both families, and the sm80 dropout kernel (causal d128, padded varlen with ALiBi).
+std::vector<Case> all_sanitizer_cases() {
+  std::vector<Case> v = for_backends(sanitizer_cases(), {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90});
+  Case c;
+  c.sq = 130, c.sk = 70, c.d = c.dv = 128, c.causal = true, c.dropout_p = 0.2f;
+  c.name = "dropout_causal_d128";
+  Case u;
+  u.d = u.dv = 72, u.lens_q = {3, 140}, u.lens_k = {70, 9}, u.alibi = Alibi::kHeads, u.dropout_p = 0.3f;
+  u.name = "dropout_varlen_alibi_d72";
+  for (const Case& d : for_backends({c, u}, {FA_BACKEND_CUDA_SM80})) v.push_back(d);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Sanitizer, Forward, testing::ValuesIn(all_sanitizer_cases()), case_name);
 
 // ----------------------------------------------------------------------------- CUDA-specific validation
 struct SmallCall {

@@ -52,7 +52,6 @@ using flashattn::testing::Comparison;
 inline std::string fields_not_built_here(const Case& c) {
   std::string s;
   if (c.head_pad) s += " head_pad";
-  if (c.dropout_p > 0.f) s += " dropout_p";
   if (!c.lse) s += " lse=false";
   if (c.threads) s += " threads";
   if (c.seed != Case{}.seed) s += " seed (the GPU runners seed from the name)";

@@ -410,31 +410,59 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
             }
           }
         }
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
+        struct RowState {
+          ColRange visible;
+          float lse_log2, dsum;
+        };
+        auto row_state = [&](int r) CUTLASS_LAMBDA_FUNC_INLINE {
           const int row = get<0>(cS_rc(r, 0));
-          const ColRange visible = kScoreMods && kEdge ? visible_cols(row) : ColRange{0, kBlockN};
           // A row that saw no key in the forward has LSE = -inf; its scores are all masked here too.
           const float lse = lse_s[row];
-          const float lse_log2 = lse == -INFINITY ? 0.f : lse * kLog2e;
-          const float row_dsum = dsum_s[row];
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) {
-            const int col = get<1>(cS_rc(0, c));
-            float x = s(r, c);
-            float dscore = 1.f;  // d logit / d (scale * raw score): the softcap's tanh derivative
-            if constexpr (kScoreMods) {
-              if (p.softcap > 0.f) {
-                const float th = tanhf(x * p.softcap_in_scale);
-                x = p.softcap * th;
-                dscore = 1.f - th * th;
-              }
-              if (p.alibi != nullptr) x -= alibi_slope * float(abs(m0 + row + diag_off - n0 - col));
+          return RowState{kScoreMods && kEdge ? visible_cols(row) : ColRange{0, kBlockN},
+                          lse == -INFINITY ? 0.f : lse * kLog2e, dsum_s[row]};
+        };
+        // z: the dropout factor of the element (1 without dropout). With dropout the forward multiplied P by it
+        // before P.V, so dV takes P * z and dP = (dO.V^T) * z; D = rowsum(dO * O) is unchanged.
+        auto element = [&](int r, int c, const RowState& rs, float z) CUTLASS_LAMBDA_FUNC_INLINE {
+          const int col = get<1>(cS_rc(0, c));
+          float x = s(r, c);
+          float dscore = 1.f;  // d logit / d (scale * raw score): the softcap's tanh derivative
+          if constexpr (kScoreMods) {
+            if (p.softcap > 0.f) {
+              const float th = tanhf(x * p.softcap_in_scale);
+              x = p.softcap * th;
+              dscore = 1.f - th * th;
             }
-            float prob = fast_exp2(x * p.scale_log2 - lse_log2);
-            if constexpr (kScoreMods) prob = col >= visible.lo && col < visible.hi ? prob : 0.f;
-            s(r, c) = prob;
-            dp(r, c) = prob * (dp(r, c) - row_dsum) * dscore;
+            if (p.alibi != nullptr) x -= alibi_slope * float(abs(m0 + get<0>(cS_rc(r, 0)) + diag_off - n0 - col));
+          }
+          float prob = fast_exp2(x * p.scale_log2 - rs.lse_log2);
+          if constexpr (kScoreMods) prob = col >= rs.visible.lo && col < rs.visible.hi ? prob : 0.f;
+          s(r, c) = prob * z;
+          dp(r, c) = prob * (dp(r, c) * z - rs.dsum) * dscore;
+        };
+        if constexpr (Variant::kDropout) {
+          // Rows 2r, 2r + 1 are queries i, i + 8 and columns 2c, 2c + 1 keys j, j + 1: one Philox call of the
+          // mask rule (core/dropout.hpp, apply_dropout in fwd_policies.cuh) for the four.
+          const int64_t bh = int64_t(batch) * p.heads_q + head;
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; r += 2) {
+            const RowState top = row_state(r), bottom = row_state(r + 1);
+            const int i = m0 + get<0>(cS_rc(r, 0));
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; c += 2) {
+              const flashattn::detail::PhiloxWords w = p.dropout.words(bh, i, n0 + get<1>(cS_rc(0, c)));
+              element(r, c, top, p.dropout.keep(w.w[0]));
+              element(r, c + 1, top, p.dropout.keep(w.w[1]));
+              element(r + 1, c, bottom, p.dropout.keep(w.w[2]));
+              element(r + 1, c + 1, bottom, p.dropout.keep(w.w[3]));
+            }
+          }
+        } else {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const RowState rs = row_state(r);
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) element(r, c, rs, 1.f);
           }
         }
         Tensor probs = convert_fragment<Element>(acc_s);

@@ -23,6 +23,10 @@ struct ScoreMods {};
 struct PaddedHeadDim {};
 // Backward only: CTAs own dQ splits (plain adds in a fixed order) instead of accumulating dQ with atomics.
 struct Deterministic {};
+// dropout_p > 0: the probabilities times the mask of core/dropout.hpp (forward: after the row sums, before P.V;
+// backward: P and dP). Only with ScoreMods (one general kernel per mask: dropout is rare enough in training
+// today that its own plain/padded split is not worth the build time).
+struct Dropout {};
 }  // namespace variant
 
 template <class... Options>
@@ -32,6 +36,8 @@ struct KernelVariant {
   static constexpr bool kScoreMods = kHas<variant::ScoreMods>;
   static constexpr bool kPaddedHeadDim = kHas<variant::PaddedHeadDim> || kScoreMods;
   static constexpr bool kDeterministic = kHas<variant::Deterministic>;
+  static constexpr bool kDropout = kHas<variant::Dropout>;
+  static_assert(!kDropout || kScoreMods, "the dropout kernel is the score-mods one with the mask");
 };
 
 using PlainVariant = KernelVariant<>;
@@ -41,10 +47,12 @@ using PlainVariant = KernelVariant<>;
 template <bool kDeterministic, class Launch>
 auto dispatch_variant(const Variant& v, Launch&& launch) {
   if constexpr (kDeterministic) {
+    if (v.dropout) return launch(KernelVariant<variant::ScoreMods, variant::Dropout, variant::Deterministic>{});
     if (v.score_mods) return launch(KernelVariant<variant::ScoreMods, variant::Deterministic>{});
     if (v.padded_head_dim) return launch(KernelVariant<variant::PaddedHeadDim, variant::Deterministic>{});
     return launch(KernelVariant<variant::Deterministic>{});
   } else {
+    if (v.dropout) return launch(KernelVariant<variant::ScoreMods, variant::Dropout>{});
     if (v.score_mods) return launch(KernelVariant<variant::ScoreMods>{});
     if (v.padded_head_dim) return launch(KernelVariant<variant::PaddedHeadDim>{});
     return launch(KernelVariant<>{});
