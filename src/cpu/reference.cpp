@@ -224,15 +224,34 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
   // the dS terms of one gradient element is independent, so their allowances add as squares (root at the end).
   auto sq = [](double x) { return x * x; };
   const double unit = kFp32Unit * std::sqrt(double(std::max<int64_t>(dv, 1)));
+  // D = rowsum(dO * O) from a 16-bit O: the stored output's rounding (and that of P before P.V) is up to an ulp of
+  // sum_j P_j |V_jc| per element c, independent over c, so D is off by about storage_eps * sqrt(sum_c (|dO_c| *
+  // sum_j P_j |V_jc|)^2): one error shared by the row's dS terms (added linearly over j; one term in the squares
+  // of dq). It is what remains where the exact gradient cancels to 0 and O is not representable: one visible key
+  // with dropout, O = v / (1 - p).
+  double d_noise = 0;
+  if (noise && p.dtype != FA_FLOAT32) {
+    double d_sq = 0;
+    for (int64_t c = 0; c < dv; ++c) {
+      double o_abs = 0;
+      for (size_t j = 0; j < n; ++j)
+        if (s[j] != 0) o_abs += s[j] * keep[j] * std::fabs(load(p, p.v, p.v_layout, b, int64_t(j), hk, c));
+      d_sq += sq(std::fabs(load(p, p.dout, p.dout_layout, b, i, h, c)) * o_abs);
+    }
+    d_noise = storage_eps(p.dtype) * std::sqrt(d_sq);
+  }
+  std::vector<double> dq_shared(d_noise > 0 ? size_t(d) : 0, 0.0);
   for (size_t j = 0; j < n; ++j) {
     if (s[j] == 0) continue;  // masked or underflowed: no gradient (keeps -inf logits out of the sums)
     double dcap = p.softcap > 0 ? 1 - th[j] * th[j] : 1;
     double ds = rnd(s[j] * (dP[j] * keep[j] - D) * dcap * p.scale);
     const double ds_noise = noise ? unit * s[j] * (abs_dp[j] + abs_d) * std::fabs(dcap * p.scale) : 0;
+    const double ds_d_noise = s[j] * d_noise * std::fabs(dcap * p.scale);
     for (int64_t c = 0; c < d; ++c) {
       const double kc = load(p, p.k, p.k_layout, b, int64_t(j), hk, c);
       dq_row[c] = rnd.add(dq_row[c], ds * kc);
       if (noise) dq_noise[c] += sq(ds_noise * kc);
+      if (d_noise > 0) dq_shared[size_t(c)] += ds_d_noise * std::fabs(kc);
     }
     if (g) {
       const int64_t gk = global_k(p, b, int64_t(j));
@@ -241,12 +260,13 @@ void backward_row(const Problem& p, const Rounder& rnd, int64_t b, int64_t h, in
       for (int64_t c = 0; c < d; ++c) {
         const double qc = load(p, p.q, p.q_layout, b, i, h, c);
         dk[c] = rnd.add(dk[c], ds * qc);
-        if (noise) g->dk_noise[size_t((hk * p.total_k + gk) * d + c)] += sq(ds_noise * qc);
+        if (noise) g->dk_noise[size_t((hk * p.total_k + gk) * d + c)] += sq(ds_noise * qc) + sq(ds_d_noise * qc);
       }
       for (int64_t c = 0; c < dv; ++c)
         dvr[c] = rnd.add(dvr[c], s[j] * keep[j] * load(p, p.dout, p.dout_layout, b, i, h, c));
     }
   }
+  for (size_t c = 0; c < dq_shared.size(); ++c) dq_noise[c] += sq(dq_shared[c]);
 }
 
 }  // namespace

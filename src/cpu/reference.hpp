@@ -29,7 +29,9 @@ struct Grads {
   // (P * (|dO|.|V| + sum_k P_k |dO|.|V_k|) * scale), times |K| or |Q|, summed in squares (independent roundings).
   // Where the exact gradient is 0 by cancellation (one visible key: dP = D) an implementation that forms
   // D = rowsum(dO * O), as FlashAttention does, keeps that noise while the plain implementation's D = sum(P dP)
-  // cancels exactly, so the 2x rule alone would refuse a correct fp32 backward there.
+  // cancels exactly, so the 2x rule alone would refuse a correct fp32 backward there. For 16-bit storage also the
+  // error D takes from the stored O (one ulp per element): with dropout one visible key gives O = v / (1 - p),
+  // which fp16 / bf16 do not hold exactly.
   std::vector<double> dq_noise, dk_noise;
 };
 

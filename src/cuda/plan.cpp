@@ -186,7 +186,8 @@ detail::Error plan_sm80(const detail::Problem& p, FwdPlan* plan) {
   if (detail::Error e = grid_fits_sm80(p); !e.ok()) return e;
   FwdPlan& f = *plan = instance_plan(Family::kSm80, p, instance);
   f.compact = sm80::fwd_compact(instance.head_dim, f.windowed, p.seqlen_k);
-  const sm80::FwdTiles t = sm80::fwd_tiles(instance.head_dim, f.compact);
+  const sm80::FwdTiles t =
+      f.variant.dropout ? sm80::fwd_dropout_tiles(instance.head_dim) : sm80::fwd_tiles(instance.head_dim, f.compact);
   f.block_q = t.block_q;
   f.block_k = t.block_k;
   f.warps = t.warps;

@@ -198,21 +198,25 @@ void run_backward_case(const Case& c) {
 
   // Reference rows are global rows (batched b * S + r), heads outermost; ours: g * (heads*dim + pad) + h*dim + c.
   // Only rows inside a sequence are compared (varlen tensors have no others here).
+  // noise: the reference's allowance for dq / dk (Grads::dq_noise: rounding FlashAttention's D = rowsum(dO * O)
+  // cannot avoid where the exact gradient cancels), empty for dv.
   auto compare = [&](const char* what, const std::vector<uint16_t>& ours, const std::vector<double>& ex,
-                     const std::vector<double>& pl, int64_t heads, int64_t rows, int64_t dim) {
+                     const std::vector<double>& pl, const std::vector<double>& noise, int64_t heads, int64_t rows,
+                     int64_t dim) {
     Comparison cmp(c.dtype);
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t g = 0; g < rows; ++g)
         for (int64_t col = 0; col < dim; ++col) {
           const size_t r = size_t((h * rows + g) * dim + col);
-          cmp.add(from_storage(c.dtype, ours[size_t(g * (heads * dim + pad) + h * dim + col)]), ex[r], pl[r]);
+          cmp.add(from_storage(c.dtype, ours[size_t(g * (heads * dim + pad) + h * dim + col)]), ex[r], pl[r],
+                  noise.empty() ? 0.0 : noise[r]);
         }
     EXPECT_TRUE(cmp.passed()) << what << ": " << cmp.summary();
     testing::Test::RecordProperty(std::string(what) + "_err", std::to_string(cmp.max_err()));
   };
-  compare("dq", got_q, exact.dq, plain.dq, c.hq, gq, c.d);
-  compare("dk", got_k, exact.dk, plain.dk, c.hkv, gk, c.d);
-  compare("dv", got_v, exact.dv, plain.dv, c.hkv, gk, dim_v);
+  compare("dq", got_q, exact.dq, plain.dq, exact.dq_noise, c.hq, gq, c.d);
+  compare("dk", got_k, exact.dk, plain.dk, exact.dk_noise, c.hkv, gk, c.d);
+  compare("dv", got_v, exact.dv, plain.dv, {}, c.hkv, gk, dim_v);
   if (c.sinks) {  // with the storage dtype's floor, as in the CPU suites (tests/attention_case.cpp)
     Comparison cmp(c.dtype);
     for (int64_t h = 0; h < c.hq; ++h) cmp.add(got_dsinks[size_t(h)], exact.dsinks[size_t(h)], plain.dsinks[size_t(h)]);

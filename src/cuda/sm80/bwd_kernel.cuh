@@ -590,8 +590,8 @@ cudaError_t launch_main(const BwdParams& p, cudaStream_t stream) {
 template <class Tr, class Mask>
 cudaError_t launch_main(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   auto launch = [&](auto variant) { return launch_main<Tr, Mask, decltype(variant)>(p, stream); };
-  return plan.deterministic ? dispatch_variant<true>(plan.variant, launch)
-                            : dispatch_variant<false>(plan.variant, launch);
+  return plan.deterministic ? dispatch_variant<true, true>(plan.variant, launch)
+                            : dispatch_variant<false, true>(plan.variant, launch);
 }
 
 // Main kernel, then the dQ postprocess with the same tiles (it reads the workspace in the main kernel's order).

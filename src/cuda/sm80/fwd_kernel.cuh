@@ -155,8 +155,8 @@ __device__ void gemm_smem_smem(Acc& acc, RA& rA, RB& rB, const SA& sA, const SB&
 
 // acc += A.B with A already in registers (the probabilities P) and B read from shared memory.
 template <class Acc, class RA, class RB, class SB, class Mma, class CopyB, class ThrCopyB>
-__device__ void gemm_reg_smem(Acc& acc, const RA& rA, RB& rB, const SB& sB, const Mma& mma, const CopyB& copy_b,
-                              const ThrCopyB& thr_b) {
+__device__ __forceinline__ void gemm_reg_smem(Acc& acc, const RA& rA, RB& rB, const SB& sB, const Mma& mma,
+                                              const CopyB& copy_b, const ThrCopyB& thr_b) {
   Tensor rB_view = thr_b.retile_D(rB);
   cute::copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
   CUTE_UNROLL

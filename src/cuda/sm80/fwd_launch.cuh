@@ -21,15 +21,22 @@ cudaError_t launch_kernel(const FwdParams& p, cudaStream_t stream) {
 
 template <class Traits, class Mask>
 cudaError_t launch_variant(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
-  return dispatch_variant<false>(
+  return dispatch_variant<false, false>(
       plan.variant, [&](auto variant) { return launch_kernel<Traits, Mask, decltype(variant)>(p, stream); });
 }
 
 // The plan's mask policy and tile: causal/window problems always take the compact tile; unmasked ones only
-// where compact_for_short_keys instantiates it.
+// where compact_for_short_keys instantiates it. Dropout has its own tile (fwd_dropout_tiles) and one kernel per
+// mask.
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
+  if (plan.variant.dropout) {
+    using Traits = FwdTraits<Element, kHeadDim, true, DropoutFwdTiles<kHeadDim>>;
+    using Dropout = KernelVariant<variant::ScoreMods, variant::Dropout>;
+    return plan.windowed ? launch_kernel<Traits, WindowMask, Dropout>(p, stream)
+                         : launch_kernel<Traits, KeyLengthMask, Dropout>(p, stream);
+  }
   if (plan.windowed) return launch_variant<FwdTraits<Element, kHeadDim, true>, WindowMask>(p, plan, stream);
   if constexpr (compact_for_short_keys(kHeadDim))
     if (plan.compact) return launch_variant<FwdTraits<Element, kHeadDim, true>, KeyLengthMask>(p, plan, stream);

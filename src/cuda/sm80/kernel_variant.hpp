@@ -44,15 +44,19 @@ using PlainVariant = KernelVariant<>;
 
 // The instantiation the plan's variant names (plan.cpp decides it: the score-mods kernel serves any head dim,
 // the plain one only head dims equal to the compiled one). Calls launch(KernelVariant{}) and returns its result.
-template <bool kDeterministic, class Launch>
+// kDropout: whether the dropout variants are among them (the forward launches its dropout kernel itself, with its
+// own tile).
+template <bool kDeterministic, bool kDropout, class Launch>
 auto dispatch_variant(const Variant& v, Launch&& launch) {
   if constexpr (kDeterministic) {
-    if (v.dropout) return launch(KernelVariant<variant::ScoreMods, variant::Dropout, variant::Deterministic>{});
+    if constexpr (kDropout)
+      if (v.dropout) return launch(KernelVariant<variant::ScoreMods, variant::Dropout, variant::Deterministic>{});
     if (v.score_mods) return launch(KernelVariant<variant::ScoreMods, variant::Deterministic>{});
     if (v.padded_head_dim) return launch(KernelVariant<variant::PaddedHeadDim, variant::Deterministic>{});
     return launch(KernelVariant<variant::Deterministic>{});
   } else {
-    if (v.dropout) return launch(KernelVariant<variant::ScoreMods, variant::Dropout>{});
+    if constexpr (kDropout)
+      if (v.dropout) return launch(KernelVariant<variant::ScoreMods, variant::Dropout>{});
     if (v.score_mods) return launch(KernelVariant<variant::ScoreMods>{});
     if (v.padded_head_dim) return launch(KernelVariant<variant::PaddedHeadDim>{});
     return launch(KernelVariant<>{});

@@ -27,6 +27,15 @@ constexpr FwdTiles fwd_tiles(int head_dim, bool compact) {
   return compact ? FwdTiles{64, 64, 4} : FwdTiles{128, 64, 8};
 }
 
+// The dropout kernel (KernelVariant Dropout): 64 query rows, 16 per warp. Its Philox rounds need registers the
+// 128-row tiles above do not have: at d128 ptxas (sm_90) spilled 972-1116 bytes with 128 x 64, where the plain
+// kernel spills 208; with 16 rows per warp each thread holds half the output accumulators and scores.
+constexpr FwdTiles fwd_dropout_tiles(int /*head_dim*/) { return {64, 64, 4}; }
+template <int kHeadDim>
+struct DropoutFwdTiles {
+  static constexpr FwdTiles value = fwd_dropout_tiles(kHeadDim);
+};
+
 // Unmasked calls with few key blocks per CTA take the compact tile above d128 as well: with one 8-warp CTA per
 // SM its prologue (Q and the first K tile) and epilogue stall the SM, while two 4-warp CTAs hide each other's.
 // d256 unmasked at 1k keys (16 blocks): 64 x 64 1.005-1.010x FA2, 128 x 64 x 8 0.99-1.00x; at 2k 128 x 64 x 8 is
