@@ -113,6 +113,25 @@ TEST(CpuForward, Varlen) {
   }
 }
 
+// fp32 K/V of more keys than the per-thread cache holds (4 MiB: 8192 keys of d64 K and V) are read in place by the
+// GEMMs, full tiles at the tensor's row stride; the sequence's last, partial tile is copied.
+TEST(CpuForward, LongKeysReadInPlace) {
+  Case c = with_lengths(70, 8250);
+  c.dtype = FA_FLOAT32;
+  c.hq = 2, c.hkv = 1;
+  c.row_pad = 8;
+  expect_forward_matches(c);
+  c.causal = true;
+  c.dropout_p = 0.2f;
+  expect_forward_matches(c);
+  Case v;
+  v.dtype = FA_FLOAT32;
+  v.lens_q = {40, 3};
+  v.lens_k = {8300, 9};
+  v.wl = 3000, v.wr = 100;
+  expect_forward_matches(v);
+}
+
 TEST(CpuForward, BatchedSequsedAndStrides) {
   Case c = with_lengths(65, 140);
   c.batch = 3;

@@ -256,6 +256,10 @@ Error forward_impl(const Problem& p, int threads) {
   const int64_t kv_blocks_max = (max_lk + dm.bk - 1) / dm.bk;
   const int64_t kv_cache_floats = kv_blocks_max * dm.bk * (dm.dp + dm.dvp);
   const bool cache_kv = kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
+  // fp32 K/V whose rows need no padding are read in place by the GEMMs when they do not fit the cache: converting
+  // a copy of every tile for every query block took a quarter of the time at 16k keys (0.73-0.81x torch against
+  // 1.05-1.39x with the cache at 1k-4k: bench/results/2026-12-01_cpu_bwd_epyc2.md).
+  const bool kv_in_place = !cache_kv && T == FA_FLOAT32 && !p.paged() && dm.d == dm.dp && dm.dv == dm.dvp;
   bool alloc_failed = false;
 
 #pragma omp parallel num_threads(thread_count(threads))
@@ -323,9 +327,15 @@ Error forward_impl(const Problem& p, int threads) {
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
         const float* kt = k.data();
         const float* vt = v.data();
+        int64_t ldk = dm.dp, ldv = dm.dvp;
         if (cache_kv) {
           kt = kv.data() + j0 * dm.dp;
           vt = kv.data() + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp;
+        } else if (kv_in_place && cols == dm.bk) {  // a full tile: every row it reads is a key of the sequence
+          kt = static_cast<const float*>(p.k) + p.offset(p.k_layout, b, j0, hk);
+          vt = static_cast<const float*>(p.v) + p.offset(p.v_layout, b, j0, hk);
+          ldk = p.k_layout.row;
+          ldv = p.v_layout.row;
         } else {
           load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
           load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
@@ -340,7 +350,7 @@ Error forward_impl(const Problem& p, int threads) {
           }
         }
 #endif
-        if (!scored) gemm<false>(dm.bk, dm.bq, dm.dp, kt, dm.dp, qt.data(), dm.bq, st.data(), dm.bq);
+        if (!scored) gemm<false>(dm.bk, dm.bq, dm.dp, kt, ldk, qt.data(), dm.bq, st.data(), dm.bq);
         // The mask can be skipped when every real query sees every key of a full tile: window starts
         // grow with the query index (the last query's start bounds them all), ends likewise (the first's).
         tm.mask = !(cols == dm.bk && last.lo <= j0 && first.hi >= j0 + dm.bk);
@@ -387,7 +397,7 @@ Error forward_impl(const Problem& p, int threads) {
           continue;
         }
 #endif
-        gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, vt, dm.dvp, o.data(), dm.dvp);
+        gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, vt, ldv, o.data(), dm.dvp);
       }
       using S = Storage<T>;
       auto* out = static_cast<typename S::type*>(p.out);
