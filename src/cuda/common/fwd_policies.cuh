@@ -147,7 +147,8 @@ __device__ void apply_mask(const Mask& mask, S& s, const C& coords, int m0, int 
 // j + 1 (j even): the accumulator ownership of mma.sync m16n8k16 and wgmma with queries as rows, which
 // core/dropout.hpp groups into one Philox call.
 template <class S, class C>
-__device__ __forceinline__ void apply_dropout(const detail::DropoutRule& d, S& s, const C& coords, int64_t bh, int m0, int n0) {
+__device__ __forceinline__ void apply_dropout(const detail::DropoutRule& d, S& s, const C& coords, int64_t bh, int m0,
+                                              int n0) {
   static_assert(decltype(cute::size<0>(s))::value % 2 == 0 && decltype(cute::size<1>(s))::value % 2 == 0);
   CUTE_UNROLL
   for (int r = 0; r < cute::size<0>(s); r += 2) {
