@@ -113,23 +113,27 @@ TEST(CpuForward, Varlen) {
   }
 }
 
-// fp32 K/V of more keys than the per-thread cache holds (4 MiB: 8192 keys of d64 K and V) are read in place by the
-// GEMMs, full tiles at the tensor's row stride; the sequence's last, partial tile is copied.
-TEST(CpuForward, LongKeysReadInPlace) {
-  Case c = with_lengths(70, 8250);
-  c.dtype = FA_FLOAT32;
-  c.hq = 2, c.hkv = 1;
-  c.row_pad = 8;
-  expect_forward_matches(c);
-  c.causal = true;
-  c.dropout_p = 0.2f;
-  expect_forward_matches(c);
-  Case v;
-  v.dtype = FA_FLOAT32;
-  v.lens_q = {40, 3};
-  v.lens_k = {8300, 9};
-  v.wl = 3000, v.wr = 100;
-  expect_forward_matches(v);
+// K/V of more keys than the per-thread cache holds (4 MiB: 8192 keys of d64 K and V): a task takes a group of up
+// to eight query blocks that share each K/V tile (fp32, 600 rows: a group of eight blocks and one of two; bf16, 260
+// rows: one of five), and fp32 tiles are read in place by the GEMMs, full ones at the tensor's row stride; the
+// sequence's last, partial tile is copied.
+TEST(CpuForward, LongKeysGroupedQueryBlocks) {
+  for (fa_dtype dtype : {FA_FLOAT32, FA_BFLOAT16}) {
+    Case c = with_lengths(dtype == FA_FLOAT32 ? 600 : 260, 8250);
+    c.dtype = dtype;
+    c.hq = c.hkv = 1;
+    c.row_pad = 8;
+    expect_forward_matches(c);
+    c.causal = true;
+    c.dropout_p = 0.2f;
+    expect_forward_matches(c);
+    Case v;
+    v.dtype = dtype;
+    v.lens_q = {140, 3};
+    v.lens_k = {8300, 9};
+    v.wl = 3000, v.wr = 100;
+    expect_forward_matches(v);
+  }
 }
 
 TEST(CpuForward, BatchedSequsedAndStrides) {

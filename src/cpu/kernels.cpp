@@ -240,39 +240,47 @@ template <fa_dtype T>
 Error forward_impl(const Problem& p, int threads) {
   const Dims dm = dims_of(p);
   const int64_t group = p.group();
-  // Tasks: (sequence, query block) pairs, times heads.
-  std::vector<std::pair<int64_t, int64_t>> blocks;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t i0 = 0; i0 < p.len_q(b); i0 += dm.bq) blocks.push_back({b, i0});
-  const int64_t ntasks = int64_t(blocks.size()) * p.heads_q;
-  // Unbounded window sides as a distance no sequence reaches (exact in float for lengths < 2^24).
-  constexpr float kUnbounded = 3.0e7f;
   // Every query block of a (sequence, KV head) reads the same K/V tiles: a thread keeps the fp32 tiles of the last
   // (sequence, KV head) it converted when they fit kKvCacheBytes (4k keys of d128), and tasks run KV-head-major
-  // so that a thread's next task is mostly the same head. Otherwise each task converts its tiles as it goes.
+  // so that a thread's next task is mostly the same head. Otherwise a task takes kQueryGroup consecutive query
+  // blocks, which share each K/V tile it converts (or reads in place): the K/V traffic per FLOP of a 512-row block,
+  // while each block keeps its own 64-row softmax state (and its bits: every block visits the same tiles in the
+  // same order either way). 16k d128 fp32 forward, 2 threads (bench/results/2026-12-01_cpu_fwd_16k_epyc2.md):
+  // 1, 4, 8, 16 blocks per task ran 16.1-17.5, 13.4-14.2, 12.0, 12.6 s.
   constexpr int64_t kKvCacheBytes = int64_t(4) << 20;
+  constexpr int kQueryGroup = 8;
   int64_t max_lk = 0;
   for (int64_t b = 0; b < p.batch; ++b) max_lk = std::max(max_lk, p.len_k(b));
   const int64_t kv_blocks_max = (max_lk + dm.bk - 1) / dm.bk;
   const int64_t kv_cache_floats = kv_blocks_max * dm.bk * (dm.dp + dm.dvp);
   const bool cache_kv = kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
+  const int group_blocks = cache_kv ? 1 : kQueryGroup;
   // fp32 K/V whose rows need no padding are read in place by the GEMMs when they do not fit the cache: converting
   // a copy of every tile for every query block took a quarter of the time at 16k keys (0.73-0.81x torch against
   // 1.05-1.39x with the cache at 1k-4k: bench/results/2026-12-01_cpu_bwd_epyc2.md).
   const bool kv_in_place = !cache_kv && T == FA_FLOAT32 && !p.paged() && dm.d == dm.dp && dm.dv == dm.dvp;
+  // Tasks: (sequence, first query row of a group of query blocks) pairs, times heads.
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i0 = 0; i0 < p.len_q(b); i0 += dm.bq * group_blocks) blocks.push_back({b, i0});
+  const int64_t ntasks = int64_t(blocks.size()) * p.heads_q;
+  // Unbounded window sides as a distance no sequence reaches (exact in float for lengths < 2^24).
+  constexpr float kUnbounded = 3.0e7f;
   bool alloc_failed = false;
 
 #pragma omp parallel num_threads(thread_count(threads))
   {
     // The query tile is held transposed (queries along vector lanes) so that the scores come out as
     // St[key][query]: the online softmax then runs down columns with plain vector ops and no horizontal
-    // reductions, and K and V are read in their natural row layout.
-    FloatBuffer qt(size_t(dm.dp) * dm.bq), k(size_t(dm.bk) * dm.dp), v(size_t(dm.bk) * dm.dvp);
-    FloatBuffer st(size_t(dm.bk) * dm.bq), o(size_t(dm.bq) * dm.dvp), m(dm.bq), l(dm.bq), alpha(dm.bq);
+    // reductions, and K and V are read in their natural row layout. qt, o, m, l (and Q's bf16 pairs) per block
+    // of the task's group.
+    const size_t gb = size_t(group_blocks);
+    FloatBuffer qt(gb * dm.dp * dm.bq), k(size_t(dm.bk) * dm.dp), v(size_t(dm.bk) * dm.dvp);
+    FloatBuffer st(size_t(dm.bk) * dm.bq), o(gb * dm.bq * dm.dvp), m(gb * dm.bq), l(gb * dm.bq), alpha(dm.bq);
     FloatBuffer kv(cache_kv ? size_t(kv_cache_floats) : 0);
     int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv holds
     const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
-    PairBuffer q_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bq : 0), v_rp_buf(pairs ? size_t(dm.bk / 2) * dm.dvp : 0),
+    PairBuffer q_pair_buf(pairs ? gb * (dm.dp / 2) * dm.bq : 0), v_rp_buf(pairs ? size_t(dm.bk / 2) * dm.dvp : 0),
         p_rows_buf(pairs ? size_t(dm.bq) * dm.bk / 2 : 0);
     uint32_t *q_pairs = q_pair_buf.data(), *v_rp = v_rp_buf.data();
     auto* p_rows = reinterpret_cast<uint16_t*>(p_rows_buf.data());
@@ -289,7 +297,7 @@ Error forward_impl(const Problem& p, int threads) {
       // Query-head-major (a KV head's query heads are consecutive), longest blocks first within a head under causal
       // masks: later query blocks see more keys.
       const int64_t nblocks = int64_t(blocks.size());
-      const auto [b, i0] = blocks[size_t(nblocks - 1 - task % nblocks)];
+      const auto [b, i_task] = blocks[size_t(nblocks - 1 - task % nblocks)];
       const int64_t h = task / nblocks, hk = h / group;
       const int64_t lq = p.len_q(b), lk = p.len_k(b);
       if (cache_kv && (cached_b != b || cached_hk != hk)) {
@@ -303,17 +311,6 @@ Error forward_impl(const Problem& p, int threads) {
         cached_b = b;
         cached_hk = hk;
       }
-      const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
-      load_tile_t<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, dm.bq, qt.data());
-#if defined(FA_CPU_BF16_DOT)
-      // bf16: S^T = K Q^T from the bf16 inputs in bf16 dot products (tile_gemm.hpp), Q packed in pairs once here.
-      if constexpr (T == FA_BFLOAT16) pack_rows<T>(p, p.q, p.q_layout, b, h, i0, rows, dm.bq, dm.d, q_pairs);
-#endif
-      o.zero();
-      std::fill(m.data(), m.data() + dm.bq, kNegInf);
-      std::fill(l.data(), l.data() + dm.bq, 0.f);
-      const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk);
-      const detail::KeyRange last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
       TileMask tm;
       tm.scale = p.scale;
       tm.softcap = p.softcap;
@@ -323,11 +320,48 @@ Error forward_impl(const Problem& p, int threads) {
       tm.left = rule.left >= 0 ? float(rule.left) : kUnbounded;
       tm.right = rule.right >= 0 ? float(rule.right) : kUnbounded;
       tm.len_k = float(rule.len_k);
-      for (int64_t j0 = first.lo / dm.bk * dm.bk; j0 < last.hi; j0 += dm.bk) {
+
+      // The group's query blocks: rows, the keys their first and last rows see, their state.
+      const int ng = int(std::min<int64_t>(group_blocks, (lq - i_task + dm.bq - 1) / dm.bq));
+      struct Block {
+        int64_t i0;
+        int rows;
+        detail::KeyRange first, last;
+        float *qt, *o, *m, *l;
+        uint32_t* q_pairs;
+      };
+      Block blk[kQueryGroup];
+      int64_t j_begin = std::numeric_limits<int64_t>::max(), j_end = 0;
+      for (int g = 0; g < ng; ++g) {
+        Block& B = blk[g];
+        B.i0 = i_task + int64_t(g) * dm.bq;
+        B.rows = int(std::min<int64_t>(dm.bq, lq - B.i0));
+        B.qt = qt.data() + size_t(g) * dm.dp * dm.bq;
+        B.o = o.data() + size_t(g) * dm.bq * dm.dvp;
+        B.m = m.data() + size_t(g) * dm.bq;
+        B.l = l.data() + size_t(g) * dm.bq;
+        B.q_pairs = pairs ? q_pairs + size_t(g) * (dm.dp / 2) * dm.bq : nullptr;
+        load_tile_t<T>(p, p.q, p.q_layout, b, h, B.i0, dm.bq, B.rows, dm.d, dm.dp, dm.bq, B.qt);
+#if defined(FA_CPU_BF16_DOT)
+        // bf16: S^T = K Q^T from the bf16 inputs in bf16 dot products (tile_gemm.hpp), Q packed in pairs once here.
+        if constexpr (T == FA_BFLOAT16) pack_rows<T>(p, p.q, p.q_layout, b, h, B.i0, B.rows, dm.bq, dm.d, B.q_pairs);
+#endif
+        std::fill(B.o, B.o + size_t(dm.bq) * dm.dvp, 0.f);
+        std::fill(B.m, B.m + dm.bq, kNegInf);
+        std::fill(B.l, B.l + dm.bq, 0.f);
+        B.first = detail::visible_keys(p, B.i0, lq, lk);
+        B.last = detail::visible_keys(p, B.i0 + B.rows - 1, lq, lk);
+        if (B.first.lo / dm.bk * dm.bk < B.last.hi) {  // the block visits key tiles [first.lo / bk, last.hi)
+          j_begin = std::min(j_begin, B.first.lo / dm.bk * dm.bk);
+          j_end = std::max(j_end, B.last.hi);
+        }
+      }
+      for (int64_t j0 = j_begin; j0 < j_end; j0 += dm.bk) {
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
         const float* kt = k.data();
         const float* vt = v.data();
         int64_t ldk = dm.dp, ldv = dm.dvp;
+        bool v_packed = false;  // bf16: V of this tile in row pairs (v_rp), once for the group
         if (cache_kv) {
           kt = kv.data() + j0 * dm.dp;
           vt = kv.data() + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp;
@@ -340,84 +374,93 @@ Error forward_impl(const Problem& p, int threads) {
           load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
           load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
         }
-        bool scored = false;
+        for (int g = 0; g < ng; ++g) {
+          Block& B = blk[g];
+          if (j0 < B.first.lo / dm.bk * dm.bk || j0 >= B.last.hi) continue;  // outside this block's tiles
+          bool scored = false;
 #if defined(FA_CPU_BF16_DOT)
-        if constexpr (T == FA_BFLOAT16) {
-          if (!p.paged() && cols == dm.bk) {  // K rows straight from the input: a full tile at one row stride
-            const auto* k_rows = static_cast<const uint16_t*>(p.k) + p.offset(p.k_layout, b, j0, hk);
-            gemm_bf16<false>(dm.bk, dm.bq, dm.d, k_rows, p.k_layout.row, q_pairs, dm.bq, st.data(), dm.bq);
-            scored = true;
+          if constexpr (T == FA_BFLOAT16) {
+            if (!p.paged() && cols == dm.bk) {  // K rows straight from the input: a full tile at one row stride
+              const auto* k_rows = static_cast<const uint16_t*>(p.k) + p.offset(p.k_layout, b, j0, hk);
+              gemm_bf16<false>(dm.bk, dm.bq, dm.d, k_rows, p.k_layout.row, B.q_pairs, dm.bq, st.data(), dm.bq);
+              scored = true;
+            }
           }
-        }
 #endif
-        if (!scored) gemm<false>(dm.bk, dm.bq, dm.dp, kt, ldk, qt.data(), dm.bq, st.data(), dm.bq);
-        // The mask can be skipped when every real query sees every key of a full tile: window starts
-        // grow with the query index (the last query's start bounds them all), ends likewise (the first's).
-        tm.mask = !(cols == dm.bk && last.lo <= j0 && first.hi >= j0 + dm.bk);
-        logits_tile_t(tm, i0, j0, dm.bq, dm.bk, st.data());
-        for (int q = 0; q < dm.bq; q += kVecFloats) {
-          // NaN-propagating running max: once a NaN is seen it stays, and the row's output becomes NaN.
-          vfloat mx = vload(m.data() + q);
-          for (int c = 0; c < dm.bk; ++c) {
-            vfloat x = vload(st.data() + int64_t(c) * dm.bq + q);
-            mx = (x > mx || x != x) ? x : mx;
+          if (!scored) gemm<false>(dm.bk, dm.bq, dm.dp, kt, ldk, B.qt, dm.bq, st.data(), dm.bq);
+          // The mask can be skipped when every real query sees every key of a full tile: window starts
+          // grow with the query index (the last query's start bounds them all), ends likewise (the first's).
+          tm.mask = !(cols == dm.bk && B.last.lo <= j0 && B.first.hi >= j0 + dm.bk);
+          logits_tile_t(tm, B.i0, j0, dm.bq, dm.bk, st.data());
+          for (int q = 0; q < dm.bq; q += kVecFloats) {
+            // NaN-propagating running max: once a NaN is seen it stays, and the row's output becomes NaN.
+            vfloat mx = vload(B.m + q);
+            for (int c = 0; c < dm.bk; ++c) {
+              vfloat x = vload(st.data() + int64_t(c) * dm.bq + q);
+              mx = (x > mx || x != x) ? x : mx;
+            }
+            // Rows that have seen no visible key keep m = -inf; subtracting 0 instead keeps exp(-inf) = 0.
+            const vfloat m_use = mx == kNegInf ? vfloat{} : mx;
+            const vfloat a = exp_nonpositive(vload(B.m + q) - m_use);
+            vfloat sum{};
+            for (int c = 0; c < dm.bk; ++c) {
+              float* sp = st.data() + int64_t(c) * dm.bq + q;
+              vfloat e = exp_nonpositive(vload(sp) - m_use);
+              vstore(sp, e);
+              sum += e;
+            }
+            vstore(B.l + q, vload(B.l + q) * a + sum);
+            vstore(B.m + q, mx);
+            vstore(alpha.data() + q, a);
           }
-          // Rows that have seen no visible key keep m = -inf; subtracting 0 instead keeps exp(-inf) = 0.
-          const vfloat m_use = mx == kNegInf ? vfloat{} : mx;
-          const vfloat a = exp_nonpositive(vload(m.data() + q) - m_use);
-          vfloat sum{};
-          for (int c = 0; c < dm.bk; ++c) {
-            float* sp = st.data() + int64_t(c) * dm.bq + q;
-            vfloat e = exp_nonpositive(vload(sp) - m_use);
-            vstore(sp, e);
-            sum += e;
+          for (int r = 0; r < B.rows; ++r) {
+            const float a = alpha.data()[r];
+            if (a != 1.f) {
+              float* orow = B.o + int64_t(r) * dm.dvp;
+              for (int c = 0; c < dm.dvp; ++c) orow[c] *= a;
+            }
           }
-          vstore(l.data() + q, vload(l.data() + q) * a + sum);
-          vstore(m.data() + q, mx);
-          vstore(alpha.data() + q, a);
-        }
-        for (int r = 0; r < rows; ++r) {
-          const float a = alpha.data()[r];
-          if (a != 1.f) {
-            float* orow = o.data() + int64_t(r) * dm.dvp;
-            for (int c = 0; c < dm.dvp; ++c) orow[c] *= a;
-          }
-        }
-        // Dropout after the row sums (the softmax's normaliser counts every key), before P reaches V.
-        if (p.dropout.on)
-          for (int c = 0; c < cols; ++c)
-            for (int r = 0; r < rows; ++r)
-              st.data()[int64_t(c) * dm.bq + r] *= p.dropout.factor(b, p.heads_q, h, i0 + r, j0 + c);
+          // Dropout after the row sums (the softmax's normaliser counts every key), before P reaches V.
+          if (p.dropout.on)
+            for (int c = 0; c < cols; ++c)
+              for (int r = 0; r < B.rows; ++r)
+                st.data()[int64_t(c) * dm.bq + r] *= p.dropout.factor(b, p.heads_q, h, B.i0 + r, j0 + c);
 #if defined(FA_CPU_BF16_DOT)
-        if constexpr (T == FA_BFLOAT16) {
-          // O += P V in bf16 dot products: P rounded to bf16 (as the GPU kernels round it), V in row pairs.
-          pairs_of_rows(st.data(), dm.bq, dm.bk, dm.bq, p_rows, true);  // P (queries x keys)
-          pack_row_pairs<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, dm.dvp, v_rp);
-          gemm_bf16<true>(dm.bq, dm.dvp, dm.bk, p_rows, dm.bk, v_rp, dm.dvp, o.data(), dm.dvp);
-          continue;
-        }
+          if constexpr (T == FA_BFLOAT16) {
+            // O += P V in bf16 dot products: P rounded to bf16 (as the GPU kernels round it), V in row pairs.
+            pairs_of_rows(st.data(), dm.bq, dm.bk, dm.bq, p_rows, true);  // P (queries x keys)
+            if (!v_packed) pack_row_pairs<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, dm.dvp, v_rp);
+            v_packed = true;
+            gemm_bf16<true>(dm.bq, dm.dvp, dm.bk, p_rows, dm.bk, v_rp, dm.dvp, B.o, dm.dvp);
+            continue;
+          }
 #endif
-        gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, vt, ldv, o.data(), dm.dvp);
+          gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, vt, ldv, B.o, dm.dvp);
+        }
+        (void)v_packed;
       }
       using S = Storage<T>;
       auto* out = static_cast<typename S::type*>(p.out);
       const float sink = p.sink(h);
-      for (int r = 0; r < rows; ++r) {
-        const float lr = l.data()[r], mr = m.data()[r];
-        // l == 0 only when no key was visible (m stays -inf): out = 0, lse = -inf. A NaN l keeps NaN.
-        float inv = lr > 0.f ? 1.f / lr : (lr == 0.f ? 0.f : lr);
-        float lse = lr > 0.f ? mr + std::log(lr) : (lr == 0.f ? kNegInf : lr);
-        if (sink != kNegInf) {
-          // The sink joins the denominator: lse' = log(e^lse + e^sink), out scaled by e^(lse - lse').
-          const float merged =
-              lse == kNegInf ? sink : std::max(lse, sink) + std::log1p(std::exp(-std::fabs(lse - sink)));
-          if (lr > 0.f) inv *= std::exp(lse - merged);
-          lse = merged;
+      for (int g = 0; g < ng; ++g) {
+        const Block& B = blk[g];
+        for (int r = 0; r < B.rows; ++r) {
+          const float lr = B.l[r], mr = B.m[r];
+          // l == 0 only when no key was visible (m stays -inf): out = 0, lse = -inf. A NaN l keeps NaN.
+          float inv = lr > 0.f ? 1.f / lr : (lr == 0.f ? 0.f : lr);
+          float lse = lr > 0.f ? mr + std::log(lr) : (lr == 0.f ? kNegInf : lr);
+          if (sink != kNegInf) {
+            // The sink joins the denominator: lse' = log(e^lse + e^sink), out scaled by e^(lse - lse').
+            const float merged =
+                lse == kNegInf ? sink : std::max(lse, sink) + std::log1p(std::exp(-std::fabs(lse - sink)));
+            if (lr > 0.f) inv *= std::exp(lse - merged);
+            lse = merged;
+          }
+          const float* orow = B.o + int64_t(r) * dm.dvp;
+          auto* dst = out + p.offset(p.out_layout, b, B.i0 + r, h);
+          for (int c = 0; c < dm.dv; ++c) dst[c] = S::store(orow[c] * inv);
+          if (p.lse) p.lse[p.offset(p.lse_layout, b, B.i0 + r, h)] = lse;
         }
-        const float* orow = o.data() + int64_t(r) * dm.dvp;
-        auto* dst = out + p.offset(p.out_layout, b, i0 + r, h);
-        for (int c = 0; c < dm.dv; ++c) dst[c] = S::store(orow[c] * inv);
-        if (p.lse) p.lse[p.offset(p.lse_layout, b, i0 + r, h)] = lse;
       }
     }
   }
