@@ -37,6 +37,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
+import report  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
 DEV = "cuda"
@@ -389,33 +390,36 @@ def decode_rows(b: Bench, ours, quick: bool):
 
 def feature_rows(b: Bench, ours, feature: str):
     """The cost of one feature: ours with and without it, bf16 d128, 8k tokens x 1 sequence x 16 heads, causal and
-    not, forward and backward, side by side (kinds '<feature>_fwd' / '<feature>_bwd', backends 'ours' and
-    'ours_<feature>'). 'sink': learnable sinks (issue bar: <= 3%); 'dropout': dropout_p = 0.1 (<= 15%; the plan
-    runs dropout on the sm80 kernels, so this is the price against the default path)."""
+    not, forward and backward, side by side (kinds '<prefix>_fwd' / '<prefix>_bwd' with report.feature_kind's
+    prefix, backends 'ours' and 'ours_<feature>'). 'sink': learnable sinks (issue bar: <= 3%); 'dropout':
+    dropout_p = 0.1 (<= 15%; the plan runs dropout on the sm80 kernels, so this is the price against the default
+    path)."""
     if not ours.ok:
         return
     fa = ours.module
     if feature == "sink" and "learnable_sink" not in inspect.signature(fa.flash_attn_func).parameters:
         return
     s, h, d = 8192, 16, 128
+    kind = report.feature_kind(feature)
     for causal in (0, 1):
         base = dict(dtype="bf16", hdim=d, causal=causal, seqlen=s, batch=1, heads=h)
         q, k, v = (torch.randn(1, s, h, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         sink = torch.randn(h, device=DEV, requires_grad=True)
         with_it = {"learnable_sink": sink} if feature == "sink" else {"dropout_p": 0.1}
+        grads_of = (q, k, v, sink) if feature == "sink" else (q, k, v)
         flops = 4 * s * s * h * d / (2 if causal else 1)
         for name, extra in (("ours", {}), (f"ours_{feature}", with_it)):
             try:
-                b.measure(f"{feature}s_fwd" if feature == "sink" else f"{feature}_fwd", name,
-                          lambda: fa.flash_attn_func(q, k, v, causal=bool(causal), **extra), flops, base)
+                b.measure(f"{kind}_fwd", name, lambda: fa.flash_attn_func(q, k, v, causal=bool(causal), **extra), flops,
+                          base)
                 o = fa.flash_attn_func(q, k, v, causal=bool(causal), **extra)
             except (NotImplementedError, ValueError) as e:  # a build without the feature on this GPU
                 print(f"# {feature}: {e}", flush=True)
                 return
             do = torch.randn_like(o)
-            inputs = (q, k, v) + ((sink,) if feature == "sink" and extra else ())
-            b.measure(f"{feature}s_bwd" if feature == "sink" else f"{feature}_bwd", name,
-                      lambda: torch.autograd.grad(o, inputs, do, retain_graph=True), 2.5 * flops, base)
+            inputs = grads_of if extra else (q, k, v)
+            b.measure(f"{kind}_bwd", name, lambda: torch.autograd.grad(o, inputs, do, retain_graph=True), 2.5 * flops,
+                      base)
         q = k = v = o = do = None  # noqa: F841
         empty_cache()
 

@@ -183,9 +183,14 @@ def markdown(out_dir, work, rows):
         f.write("\n".join(L))
 
 
+def feature_kind(feature):
+    """The results.csv kind prefix of a feature's cost rows ('sinks' predates the others)."""
+    return "sinks" if feature == "sink" else feature
+
+
 def feature_table(rows, feature, title):
     """Markdown lines: ours with and without a feature (bench.py feature_rows), forward and backward, its cost."""
-    prefix = "sinks" if feature == "sink" else feature
+    prefix = feature_kind(feature)
     sk = [r for r in rows if r["kind"] in (f"{prefix}_fwd", f"{prefix}_bwd")]
     if not sk:
         return []

@@ -305,11 +305,8 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bo
     Differentiable in q, k, v.
     """
     window = _ring_options(layout, window_size, alibi_slopes)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name}: must be (batch, seqlen_shard, heads, head_dim)")
-    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
-        raise ValueError("k: the shard of keys must hold the same positions as the shard of queries")
+    _check_shards(q, k, v, 4, "(batch, seqlen_shard, heads, head_dim)",
+                  "the shard of keys must hold the same positions as the shard of queries")
     out, lse = _ring_call(q, k, v, group, causal, window, softmax_scale, softcap, layout, deterministic, None)
     return (out, lse, None) if return_attn_probs else out
 
@@ -324,6 +321,17 @@ def _ring_options(layout: str, window_size, alibi_slopes) -> Tuple[int, int]:
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi across shards is not supported by ring attention")
     return window
+
+
+def _check_shards(q, k, v, rank: int, shape: str, same_positions: str):
+    """q, k, v have `rank` dimensions (`shape` says which), and k and v the positions of q (the dimension before
+    the heads)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != rank:
+            raise ValueError(f"{name}: must be {shape}")
+    rows = rank - 3
+    if k.shape[rows] != q.shape[rows] or v.shape[rows] != q.shape[rows]:
+        raise ValueError(f"k: {same_positions}")
 
 
 def _ring_call(q, k, v, group, causal, window, softmax_scale, softcap, layout, deterministic, cu_seqlens):
@@ -363,11 +371,8 @@ def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens, gro
     whole sequences' lengths, the same on every rank (read on the host). Each sequence attends only to itself.
     Returns out (T_r, Hq, Dv), and with return_attn_probs (out, lse (Hq, T_r), None). Differentiable in q, k, v."""
     window = _ring_options(layout, window_size, alibi_slopes)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 3:
-            raise ValueError(f"{name}: must be (rows, heads, head_dim), the packed rows of this rank")
-    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
-        raise ValueError("k: the rows of keys must be the positions of the rows of queries")
+    _check_shards(q, k, v, 3, "(rows, heads, head_dim), the packed rows of this rank",
+                  "the rows of keys must be the positions of the rows of queries")
     cu = [int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else cu_seqlens)]
     if len(cu) < 1 or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError("cu_seqlens: must start at 0 and be non-decreasing (prefix sums of the sequence lengths)")

@@ -224,17 +224,12 @@ void run_backward_case(const Case& c) {
   }
 }
 
-constexpr MaskKind kMasks[] = {{"none", false, false, -1, -1},
-                               {"causal_br", true, false, -1, -1},
-                               {"causal_tl", true, true, -1, -1},
-                               {"window", false, false, 37, 5}};
-
 // A hand-aligned case table: one case or rule per line.
 // clang-format off
 std::vector<Case> backward_cases() {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}};
   const int64_t hdims[] = {64, 96, 128, 256, 64};
-  std::vector<Case> v = shape_mask_grid(shapes, hdims, kMasks);
+  std::vector<Case> v = shape_mask_grid(shapes, hdims, kCommonMasks);
   auto add = [&](Case c) { v.push_back(c); };
   // 160 and 192: the d192 kernel of FLASHATTN_KERNELS=all (padded and exact); the d256 one otherwise.
   for (int64_t d : {8, 72, 128, 160, 192, 200, 256}) {
@@ -296,7 +291,7 @@ std::vector<Case> backward_cases() {
 std::vector<Case> dropout_backward_cases() {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}};
   const int64_t hdims[] = {64, 96, 128, 256, 64};
-  std::vector<Case> v = shape_mask_grid(shapes, hdims, kMasks);
+  std::vector<Case> v = shape_mask_grid(shapes, hdims, kCommonMasks);
   for (Case& c : v) c.dropout_p = 0.17f, c.name += "_dropout";
   auto add = [&](Case c) { c.dropout_p = c.dropout_p > 0.f ? c.dropout_p : 0.1f; v.push_back(c); };
   Case g; g.sq = 130, g.sk = 160, g.d = g.dv = 64, g.hq = 6, g.hkv = 2, g.causal = true;

@@ -398,11 +398,7 @@ std::vector<Case> forward_cases() {
 std::vector<Case> dropout_cases() {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {17, 17}, {239, 1}, {113, 203}, {255, 256}, {300, 129}};
   const int64_t hdims[] = {64, 128, 256, 72, 64, 128};
-  const MaskKind masks[] = {{"none", false, false, -1, -1},
-                            {"causal_br", true, false, -1, -1},
-                            {"causal_tl", true, true, -1, -1},
-                            {"window", false, false, 37, 5}};
-  std::vector<Case> v = shape_mask_grid(shapes, hdims, masks);
+  std::vector<Case> v = shape_mask_grid(shapes, hdims, kCommonMasks);
   for (Case& c : v) c.dropout_p = 0.17f, c.name += "_dropout";
   auto add = [&](Case c) { c.dropout_p = c.dropout_p > 0.f ? c.dropout_p : 0.1f; v.push_back(c); };
   Case g; g.sq = 130, g.sk = 260, g.hq = 8, g.hkv = 2, g.d = g.dv = 128, g.causal = true;

@@ -145,6 +145,12 @@ struct MaskKind {
   int64_t wl, wr;
 };
 
+// No mask, causal in both alignments, a two-sided window: the masks of the backward and dropout grids.
+inline constexpr MaskKind kCommonMasks[] = {{"none", false, false, -1, -1},
+                                            {"causal_br", true, false, -1, -1},
+                                            {"causal_tl", true, true, -1, -1},
+                                            {"window", false, false, 37, 5}};
+
 // Every (dtype, shape, mask) combination; shape i runs with head dim hdims[i]. Named
 // "<dtype>_<sq>x<sk>_d<d>_<mask>" so a failure names its case.
 template <size_t kShapes, size_t kMasks>
