@@ -342,14 +342,14 @@ def memory_rows(b: Bench, ours):
 
 
 DECODE_SHAPES = ((1, 65536), (8, 16384), (32, 8192), (128, 4096), (64, 32768))  # (batch, cached keys)
-DECODE_PAGES = (16, 256)
+DECODE_PAGES = (1, 16, 256)  # SGLang's page, vLLM's, FlashAttention-2's minimum
 
 
 def decode_rows(b: Bench, ours, quick: bool):
     """One query token against a full KV cache, GQA 32/8, d128, bf16 (the decode protocol of
     ../shared/anchors/sdpa_bench.py, TB/s of K+V read): cuDNN (SDPA, (B, H, S, D) cache) and ours through
     flash_attn_with_kvcache with a contiguous cache ('decode'; 'ours_nosplit' with num_splits=1) and paged caches
-    of 16 and 256 keys per page ('decode_paged16', ...; pages in a random order). Ours is checked against cuDNN's
+    of 1, 16 and 256 keys per page ('decode_paged16', ...; pages in a random order). Ours is checked against cuDNN's
     output."""
     hq, hkv, d = 32, 8, 128
     for batch, seqk in DECODE_SHAPES[:2] if quick else DECODE_SHAPES:

@@ -218,7 +218,8 @@ def decode_table(rows):
     for r in dec:
         per[(int(r["batch"]), int(r["seqlen"]))][(r["kind"], r["backend"])] = r
     cols = [("decode", "cudnn", "cuDNN"), ("decode", "ours", "ours"), ("decode_paged16", "ours", "ours paged 16"),
-            ("decode_paged256", "ours", "ours paged 256"), ("decode", "ours_nosplit", "ours, no split-KV")]
+            ("decode_paged256", "ours", "ours paged 256"), ("decode_paged1", "ours", "ours paged 1"),
+            ("decode", "ours_nosplit", "ours, no split-KV")]
     L = ["", f"## Decode ({dec[0]['dtype']}, one query token, GQA {dec[0]['heads']}, d{dec[0]['hdim']}; TB/s of K+V)",
          "", "| B × keys | " + " | ".join(c[2] for c in cols) + " | ours / cuDNN | paged 16 / ours | note |",
          "|---" * (len(cols) + 4) + "|"]

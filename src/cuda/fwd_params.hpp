@@ -56,10 +56,12 @@ struct FwdParams {
 
   // Paged K/V (sm90, plan.paged): key j of sequence b is slot j % page_size of page block_table[b *
   // block_table_stride + j / page_size]; k_batch / v_batch are then page strides and tensor_rows_k is page_size.
-  // paged_box_rows: rows per TMA box, block_k (whole key blocks within one page) or kPageBoxRows (sm90/tiles.hpp).
+  // paged_box_rows: rows per TMA box, block_k (whole key blocks within one page) or kPageBoxRows (sm90/tiles.hpp);
+  // paged_rows: the load gathers the rows with cp.async instead (page sizes that are no multiple of 16).
   const int32_t* block_table = nullptr;
   int64_t block_table_stride = 0;
   int page_size = 0, num_pages = 0, paged_box_rows = 0;
+  bool paged_rows = false;
 
   // Split-KV (sm90): each tile's key blocks divided into num_splits consecutive ranges, one CTA tile each; with
   // num_splits > 1 the epilogue writes normalised fp32 O and LSE partials (SplitPartials) instead of out/lse, and

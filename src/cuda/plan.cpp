@@ -157,8 +157,12 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   const int64_t kv_bytes = std::max<int64_t>(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * elem;
   f.section_heads =
       int(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(tile_heads * p.batch, 1)));
+  // Row boxes of 16 (1.3-1.6 TB/s at decode) beat the producer warp's cp.async gather (0.9): that one only takes the
+  // page sizes TMA boxes cannot (bench/results/2026-12-02_h200_session12).
   if (p.paged())
-    f.paged = p.page_size % f.block_k == 0 ? PagedLoad::kTmaBlocks : PagedLoad::kTmaRows;  // sm90_reads_pages
+    f.paged = p.page_size % f.block_k == 0            ? PagedLoad::kTmaBlocks
+              : p.page_size % sm90::kPageBoxRows == 0 ? PagedLoad::kTmaRows
+                                                      : PagedLoad::kRows;
   f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
   if (f.num_splits > 1) {
     f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);
@@ -201,10 +205,11 @@ detail::Error plan_sm80(const detail::Problem& p, FwdPlan* plan) {
   return detail::ok();
 }
 
-// Paged K/V the sm90 load collective reads itself: TMA boxes of whole key blocks or of kPageBoxRows rows, each
-// inside one page. Other page sizes, and the sm80 family, read gathered contiguous copies.
-// A cache without pages has no TMA descriptor to encode (an extent of 0): it is gathered (every key reads as 0).
-bool sm90_reads_pages(const detail::Problem& p) { return p.page_size % sm90::kPageBoxRows == 0 && p.num_pages > 0; }
+// Paged K/V the sm90 load collective reads itself, of any page size: TMA boxes of whole key blocks where the page
+// size is a multiple of the block, of 16 rows where it is a multiple of 16, cp.async row gathers otherwise
+// (sm90/fwd_load.cuh). The sm80 family reads gathered contiguous copies. A cache without pages has no TMA descriptor
+// to encode (an extent of 0): it is gathered (every key reads as 0).
+bool sm90_reads_pages(const detail::Problem& p) { return p.num_pages > 0; }
 
 }  // namespace
 

@@ -1,8 +1,9 @@
 // Paged K/V on the CUDA backends: a paged call equals the contiguous call over the same keys bit for bit on the
 // same backend (tests/paged_case.hpp; the contiguous calls are checked against the float64 reference by the
 // forward suite). The cases cover each read path of the plan: sm90 TMA boxes of whole key blocks (page size a
-// multiple of the block), of 16-row boxes (page size a multiple of 16), and the gathered copy (other page sizes,
-// and every sm80 call), with GQA packing, split-KV, causal chunks of several queries and sequences of 0 keys.
+// multiple of the block), of 16-row boxes (a multiple of 16), sm90 cp.async row gathers (any other page size), and
+// the gathered copy (every sm80 call, a cache without pages), with GQA packing, split-KV, causal chunks of several
+// queries and sequences of 0 keys.
 #include "gpu_support.hpp"
 #include "paged_case.hpp"
 
@@ -147,8 +148,8 @@ TEST(Paged, EqualsContiguous) {
       make("sm90 d128 page 128 (block boxes)",       k90, 128, 128,  5, {640, 127, 300}),
       make("sm90 d128 page 256",                     k90, 128, 256,  3, {700, 256}),
       make("sm90 d128 page 48 (row boxes)",          k90, 128,  48, 12, {500, 47, 49}),
-      make("sm90 d128 page 3 (gathered)",            k90, 128,   3, 90, {260, 5}),
-      make("sm90 d128 page 1 (gathered)",            k90, 128,   1, 70, {70, 33}),
+      make("sm90 d128 page 3 (rows)",                k90, 128,   3, 90, {260, 5}),
+      make("sm90 d128 page 1 (rows)",                k90, 128,   1, 70, {70, 33}),
       with(make("sm90 d128 page 16 causal q 5",      k90, 128,  16, 20, {300, 5, 17}), 5, true),
       with(make("sm90 d128 page 16 chunk q 70",      k90, 128,  16, 40, {640, 200}), 70, true),
       with(make("sm90 d128 page 16 MHA (unpacked)",  k90, 128,  16, 20, {300, 31}), 1, false, 0, 8),
@@ -156,6 +157,8 @@ TEST(Paged, EqualsContiguous) {
       make("sm90 d64 page 16",                       k90,  64,  16, 30, {470, 2}),
       make("sm90 d64 page 128",                      k90,  64, 128,  4, {512, 100}),
       make("sm90 d256 page 16",                      k90, 256,  16, 20, {300, 81}),
+      with(make("sm90 d256 page 7 causal q 3",       k90, 256,   7, 50, {330, 20}), 3, true),
+      with(make("sm90 d64 page 5 splits 4",          k90,  64,   5, 80, {390, 6}), 1, false, 4),
       make("sm90 d256 page 160 (block boxes)",       k90, 256, 160,  2, {320, 161}),
       with(make("sm90 d128 page 176 MHA (176-key block boxes)", k90, 128, 176, 3, {528, 200}), 1, false, 0, 8),
       with(make("sm90 d128 page 128 MHA causal q 9", k90, 128, 128,  4, {512, 130}), 9, true, 0, 8),
@@ -165,7 +168,7 @@ TEST(Paged, EqualsContiguous) {
       table_padded(make("sm90 d128 page 16 table row stride 45", k90, 128, 16, 40, {640, 17})),
       // Without seqused_k the whole capacity is used: the lengths only give the batch size.
       without_seqused(make("sm90 d128 page 16 no seqused_k", k90, 128, 16, 12, {0, 0})),
-      without_seqused(make("sm90 d128 page 3 no seqused_k (gathered)", k90, 128, 3, 30, {0, 0})),
+      without_seqused(make("sm90 d128 page 3 no seqused_k (rows)", k90, 128, 3, 30, {0, 0})),
       make("sm80 d128 page 16 (gathered)",           k80, 128,  16, 20, {300, 0, 17}),
       with(make("sm80 d64 page 3 causal q 4",        k80,  64,   3, 50, {150, 4}), 4, true),
       table_padded(make("sm80 d64 page 16 table row stride 25", k80, 64, 16, 20, {300, 3})),
@@ -182,7 +185,9 @@ TEST(PagedSanitizer, ReadPaths) {
       make("sm90 row boxes", k90, 128, 16, 12, {190, 3}),
       make("sm90 block boxes", k90, 128, 128, 2, {200, 1}),
       with(make("sm90 row boxes splits 3", k90, 64, 16, 16, {256, 40}), 1, false, 3),
-      make("sm90 gathered", k90, 128, 3, 40, {100, 0}),
+      with(make("sm90 rows splits 3", k90, 128, 5, 60, {256, 40}), 1, false, 3),
+      make("sm90 rows page 3", k90, 128, 3, 40, {100, 0}),
+      make("sm90 rows d256 page 1", k90, 256, 1, 100, {90, 7}),
       make("sm80 gathered", k80, 64, 16, 8, {128, 9}),
   };
   run_cases(cases, 101);
@@ -206,11 +211,11 @@ TEST(Paged, CacheWithoutPages) {
 }
 
 // The plan says which read path serves a page size (fa_forward_plan reports the kernels; a gathered plan needs the
-// copies' workspace).
+// copies' workspace): sm90 reads every page size itself, sm80 reads a gathered copy.
 TEST(Paged, PlanReadsPagesNativelyOnSm90) {
   SKIP_WITHOUT_GPU();
-  auto workspace = [](int64_t page) {
-    PagedCase c = make("plan", FA_BACKEND_CUDA_SM90, 128, page, 48 / page * 16, {16});
+  auto workspace = [](int64_t page, fa_backend backend = FA_BACKEND_CUDA_SM90) {
+    PagedCase c = make("plan", backend, 128, page, 48 / page * 16, {16});
     const PagedData g = paged_testing::make_data(c, 1);
     const DeviceCall d(c, g, true);
     const fa_exec x = paged_testing::make_exec(c);
@@ -221,10 +226,13 @@ TEST(Paged, PlanReadsPagesNativelyOnSm90) {
   const auto [native, msg] = workspace(16);
   if (native < 0 && sm90_unavailable_message(msg)) GTEST_SKIP() << msg;
   ASSERT_GE(native, 0) << msg;
-  const auto [gathered, msg3] = workspace(3);
-  ASSERT_GE(gathered, 0) << msg3;
+  const auto [rows, msg3] = workspace(3);
+  ASSERT_GE(rows, 0) << msg3;
+  const auto [gathered, msg80] = workspace(16, FA_BACKEND_CUDA_SM80);
+  ASSERT_GE(gathered, 0) << msg80;
   EXPECT_LT(native, 1024) << "page 16 should be read by TMA, without a gathered copy";
-  EXPECT_GT(gathered, native) << "page 3 needs the gathered copies";
+  EXPECT_LT(rows, 1024) << "page 3 should be gathered row by row by the kernel, without a gathered copy";
+  EXPECT_GT(gathered, native) << "sm80 reads the gathered copies";
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 # (FLASHATTN_KERNELS=ci plus the sm90 head dims 64 and 128), the backward GPU suite's cases for both families,
 # compute-sanitizer memcheck/racecheck on the sm90 backward's sanitizer cases, then bwd_vs_cudnn.py.
 # usage: bench/gpu/dev/sm90_bwd_loop.sh OUTDIR [gtest filter]
+# DEV_HDIMS: the sm90 head dims (default "64;128"); DEV_SAN_FILTER: the sanitizers' gtest filter; DEV_PYTHON=OFF:
+# no Python extension and no benchmark (a C++-only check, e.g. of the forward's load paths); DEV_TARGET: build only it.
 set -uo pipefail
 OUT=$1; FILTER=${2:-'*Backward*'}
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -26,10 +28,10 @@ if ! ls /usr/lib/*/cmake/GTest/GTestConfig.cmake >/dev/null 2>&1 && [[ ! -d $W/g
 fi
 [[ -d $W/gtest ]] && gt=(-DCMAKE_PREFIX_PATH="$W/gtest" -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST="$W/gtest-src")
 t0=$(date +%s)
-cmake -S "$REPO" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNELS=ci -DFLASHATTN_SM90_HDIMS="64;128" \
+cmake -S "$REPO" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNELS=ci -DFLASHATTN_SM90_HDIMS="${DEV_HDIMS:-64;128}" \
   -DFLASHATTN_CUDA_ARCHS=90a -DFLASHATTN_SM80_ARCHS=90 -DFLASHATTN_CUTLASS_DIR="$W/cutlass/cutlass_library/source/include" \
-  -DFLASHATTN_PYTHON=ON -DPython_EXECUTABLE="$PY" -Dnanobind_DIR="$("$PY" -m nanobind --cmake_dir)" "${gt[@]}" >"$OUT/build.log" 2>&1
-cmake --build "$W/build" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -m 30 -E "error" "$OUT/build.log"; exit 1; }
+  -DFLASHATTN_PYTHON="${DEV_PYTHON:-ON}" -DPython_EXECUTABLE="$PY" -Dnanobind_DIR="$("$PY" -m nanobind --cmake_dir)" "${gt[@]}" >"$OUT/build.log" 2>&1
+cmake --build "$W/build" -j "$(nproc)" ${DEV_TARGET:+--target "$DEV_TARGET"} >>"$OUT/build.log" 2>&1 || { grep -m 30 -E "error" "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
 grep -E "spill|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | head -5
 BIN=$(find "$W/build" -name 'flashattn_gpu_tests' -type f | head -1)
@@ -39,10 +41,11 @@ FLASHATTN_REQUIRE_SM90=1 timeout 200 "$BIN" --gtest_filter="$FILTER" >"$OUT/gtes
 echo "gtest rc $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" "$OUT/gtest.log" | head -40
 if [[ ${DEV_BWD_SANITIZE:-1} == 1 ]]; then
   for tool in memcheck racecheck; do
-    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter='Sanitizer*sm90_bwd_d64*:Sanitizer*sm90_bwd_d128*:Sanitizer*sm90_bwd_varlen_window_gqa*' >"$OUT/san_$tool.log" 2>&1
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter="${DEV_SAN_FILTER:-Sanitizer*sm90_bwd_d64*:Sanitizer*sm90_bwd_d128*:Sanitizer*sm90_bwd_varlen_window_gqa*}" >"$OUT/san_$tool.log" 2>&1
     echo "sanitizer $tool rc $?"; grep -E "ERROR SUMMARY|Hazard|Invalid" "$OUT/san_$tool.log" | head -5
   done
 fi
+[[ ${DEV_PYTHON:-ON} == ON ]] || exit 0
 PYROOT=$W/pyroot; rm -rf "$PYROOT"; mkdir -p "$PYROOT"; cp -r "$REPO/python/flashattn" "$PYROOT/"
 find "$W/build" -name "*.cpython-*.so" -o -name "*.abi3.so" | while read -r so; do cp "$so" "$PYROOT/flashattn/"; done
 if [[ -n ${DEV_BWD_NCU:-} ]]; then  # e.g. DEV_BWD_NCU="d128c4096 d64n4096": one ncu report of the main kernel per shape

@@ -120,6 +120,7 @@ detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* w
   FwdParams params = make_fwd_params(p);
   if (plan.paged == PagedLoad::kTmaBlocks || plan.paged == PagedLoad::kTmaRows)
     params.paged_box_rows = plan.paged == PagedLoad::kTmaBlocks ? plan.block_k : kPageBoxRows;
+  params.paged_rows = plan.paged == PagedLoad::kRows;
   if (plan.num_splits > 1) {
     params.num_splits = plan.num_splits;
     params.lse_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.split.lse_offset);

@@ -45,16 +45,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
-    if (p.block_table != nullptr && p.paged_box_rows != Traits::kBlockN) {
+    if (p.block_table != nullptr && p.paged_box_rows == kPageBoxRows) {
       prefetch_tma_descriptor(kp.tma_k_page.get_tma_descriptor());
       prefetch_tma_descriptor(kp.tma_v_page.get_tma_descriptor());
     }
     ss.barrier_q.init(1);
   }
+  // A K/V stage is full when its TMA bytes have landed (the leader's arrival announces them), or, for paged rows
+  // gathered with cp.async (Load::load_rows), when each lane of the producer warp has arrived on completion of its
+  // copies.
   typename Pipeline::Params pipe_params;
   pipe_params.transaction_bytes = Traits::kTileBytesKV;
   pipe_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = is_tma_thread;
+  pipe_params.is_leader = is_tma_thread && !p.paged_rows;
+  pipe_params.num_producers = p.paged_rows ? Load::kProducerWarpThreads : 1;
   pipe_params.num_consumers = Traits::kConsumerThreads;
   Pipeline pipe_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
   Pipeline pipe_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});

@@ -49,19 +49,19 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
 
   KernelParams<Traits> kp;
   kp.p = p;
-  // Paged K/V: (page_size rows, d, heads, pages). The whole-block descriptor of a call read in row boxes is never
-  // used; its rows are padded to one block so that it stays encodable.
+  // Paged K/V: (page_size rows, d, heads, pages). The whole-block descriptor of a call read in row boxes or gathered
+  // rows is never used; its rows are padded to one block so that it stays encodable.
   const bool paged = p.block_table != nullptr;
   const int kv_batch = paged ? p.num_pages : batch;
-  const int64_t kv_rows =
-      paged && p.paged_box_rows != kBlockN ? std::max<int64_t>(p.tensor_rows_k, kBlockN) : p.tensor_rows_k;
+  const bool rows_read = paged && p.paged_box_rows != kBlockN;
+  const int64_t kv_rows = rows_read ? std::max<int64_t>(p.tensor_rows_k, kBlockN) : p.tensor_rows_k;
   auto mQ = gmem_tensor<Traits>(static_cast<const Element*>(p.q), p.tensor_rows_q, p.head_dim, p.heads_q, batch,
                                 p.q_row, p.q_head, p.q_batch);
   auto mK = gmem_tensor<Traits>(static_cast<const Element*>(p.k), kv_rows, p.head_dim, heads_kv, kv_batch, p.k_row,
                                 p.k_head, p.k_batch);
   auto mV = gmem_tensor<Traits>(static_cast<const Element*>(p.v), kv_rows, p.head_dim_v, heads_kv, kv_batch, p.v_row,
                                 p.v_head, p.v_batch);
-  if (paged && p.paged_box_rows != kBlockN) {
+  if (paged && p.paged_box_rows == kPageBoxRows) {
     using Box = Shape<Int<kPageBoxRows>, Int<Traits::kAtomCols>>;
     auto mKp = gmem_tensor<Traits>(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, heads_kv, kv_batch,
                                    p.k_row, p.k_head, p.k_batch);
@@ -84,6 +84,7 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
   kp.shape_k = mK.shape();
   kp.shape_v = mV.shape();
   kp.shape_o = mO.shape();
+  if (p.paged_rows) kp.page_size_div = cutlass::FastDivmod(p.page_size);
   kp.num_m_blocks = int(plan.m_blocks);
   kp.section_heads = plan.section_heads;
 

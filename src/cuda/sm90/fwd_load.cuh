@@ -1,12 +1,24 @@
 // The load collective of the sm90 forward: one producer warp issues the TMA loads of Q (per tile) and of K/V (per
 // key block) into a multi-stage pipeline completing on mbarriers. GQA-packed tiles gather Q in the consumers
-// instead (gather_q_packed): their rows are (position, head) pairs, not a TMA box. This is the slot where paged
-// and gathered K/V will go: the consumers only see pipeline stages.
+// instead (gather_q_packed): their rows are (position, head) pairs, not a TMA box. Paged K/V: TMA boxes of
+// whole key blocks or of 16 rows inside one page (load_boxes), or rows gathered by the warp with cp.async
+// (load_rows). The consumers only see pipeline stages.
 #pragma once
+
+#include <cute/arch/copy_sm80.hpp>
 
 #include "cuda/sm90/fwd_tile.cuh"
 
 namespace flashattn::cuda::sm90 {
+
+// The lane index, read where it is used: a volatile read keeps the compiler from hoisting the row gathers'
+// lane-derived shared-memory offsets out of the tile loop, where they stayed live (and spilled: the producer has 24
+// registers) through every other load path.
+__device__ __forceinline__ int lane_here() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
 
 template <class Traits, class Opts>
 struct FwdLoad {
@@ -37,60 +49,77 @@ struct FwdLoad {
   __device__ FwdLoad(const KernelParams<Traits>& kp_, typename Traits::SharedStorage& ss_, Pipeline& k, Pipeline& v)
       : kp(kp_), ss(ss_), pipe_k(k), pipe_v(v), leader(threadIdx.x == 0) {}
 
-  // Loads tile `idx` (skipping tiles without rows) and publishes it to the consumers with its Q load.
+  // Loads tile `idx` (skipping tiles without rows) and publishes it to the consumers with its Q load. The K/V
+  // sources are separate walks so that each keeps only its own state live (the producer has 24 registers).
   __device__ void load(const TileScheduler& sched, int idx) {
     const FwdParams& p = kp.p;
     const Tile tile(p, sched.tile(idx));
     if (tile.empty()) return;
     const TileScheduler::Tile& t = tile.t;
-    const BlockRange range = tile.range;
-    const bool varlen = p.cu_seqlens_q != nullptr;
-    const int b = varlen ? 0 : t.batch;
+    const int b = p.cu_seqlens_q != nullptr ? 0 : t.batch;
     const int kv_head = kPackGQA ? t.head : t.head / p.group;
-
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-    Tensor mQ = domain_offset(make_coord(tile.seq.q_start, _0{}), kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, t.head, b));
+
+    if (p.paged_rows) {
+      walk(
+          tile, idx, b,
+          [&](int n) {
+            load_rows<false>(sK, tile, kv_head, n, pipe_k, k_write);
+            ++k_write;
+          },
+          [&](int n) {
+            load_rows<true>(sV, tile, kv_head, n, pipe_v, v_write);
+            ++v_write;
+          });
+      return;
+    }
+    if (p.block_table != nullptr) {
+      walk(
+          tile, idx, b,
+          [&](int n) {
+            load_boxes(kp.tma_k, kp.tma_k_page, kp.shape_k, sK, tile, kv_head, n, pipe_k, k_write);
+            ++k_write;
+          },
+          [&](int n) {
+            load_boxes(kp.tma_v, kp.tma_v_page, kp.shape_v, sV, tile, kv_head, n, pipe_v, v_write);
+            ++v_write;
+          });
+      return;
+    }
     Tensor mK =
         domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
     Tensor mV =
         domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
-    Tensor gQ = local_tile(mQ, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, d, m/64)
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-    auto q_parts = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    Tensor tQg = get<0>(q_parts);
-    Tensor tQs = get<1>(q_parts);
     auto k_parts = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     Tensor tKg = get<0>(k_parts);
     Tensor tKs = get<1>(k_parts);
     auto v_parts = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
     Tensor tVg = get<0>(v_parts);
     Tensor tVs = get<1>(v_parts);
+    walk(
+        tile, idx, b,
+        [&](int n) {
+          pipe_k.producer_acquire(k_write);
+          if (leader) copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
+          ++k_write;
+        },
+        [&](int n) {
+          pipe_v.producer_acquire(v_write);
+          if (leader) copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
+          ++v_write;
+        });
+  }
 
-    const bool paged = p.block_table != nullptr;
-    auto load_k = [&](int n) {
-      if (paged) {
-        load_paged(kp.tma_k, kp.tma_k_page, kp.shape_k, sK, tile, kv_head, n, pipe_k, k_write);
-      } else {
-        pipe_k.producer_acquire(k_write);
-        if (leader) copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
-      }
-      ++k_write;
-    };
-    auto load_v = [&](int n) {
-      if (paged) {
-        load_paged(kp.tma_v, kp.tma_v_page, kp.shape_v, sV, tile, kv_head, n, pipe_v, v_write);
-      } else {
-        pipe_v.producer_acquire(v_write);
-        if (leader) copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
-      }
-      ++v_write;
-    };
-
-    // Key blocks from the last to the first (the one partial block is masked first). K of the first block
-    // only waits for a free stage, so it streams in while the previous tile's epilogue still runs.
+  // The key blocks of one tile through load_k / load_v (each fills the next stage of its pipeline), and the tile's
+  // publication with its Q load. Blocks from the last to the first (the one partial block is masked first). K of
+  // the first block only waits for a free stage, so it streams in while the previous tile's epilogue still runs.
+  template <class LoadK, class LoadV>
+  __device__ void walk(const Tile& tile, int idx, int b, LoadK&& load_k, LoadV&& load_v) {
+    const TileScheduler::Tile& t = tile.t;
+    const BlockRange range = tile.range;
     if (range.hi > range.lo) load_k(range.hi - 1);
     if (!first_tile) wait_q_space();
     first_tile = false;
@@ -99,10 +128,16 @@ struct FwdLoad {
       if constexpr (kPackGQA) {
         ss.barrier_q.arrive();  // packed rows are no TMA box: each consumer warpgroup gathers its own
       } else {
+        Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+        Tensor mQ =
+            domain_offset(make_coord(tile.seq.q_start, _0{}), kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, t.head, b));
+        Tensor gQ = local_tile(mQ, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, d, m/64)
+        auto q_parts = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         ss.barrier_q.arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
         CUTE_UNROLL
         for (int w = 0; w < kWGs; ++w)
-          copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), tQg(_, t.m_block * kWGs + w), tQs(_, w));
+          copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), get<0>(q_parts)(_, t.m_block * kWGs + w),
+               get<1>(q_parts)(_, w));
       }
     }
     // Q.K^T of block n-1 is issued before P.V of block n (intra-warpgroup overlap): K(n-1) before V(n).
@@ -120,7 +155,7 @@ struct FwdLoad {
   // zeros, as it does for any out-of-range page index; the table entries are read before the stage is acquired, so
   // that their latency runs under the wait for a free stage.
   template <class Tma, class TmaPage, class Smem>
-  __device__ void load_paged(const Tma& tma, const TmaPage& tma_page, const typename Traits::GmemShape& shape, Smem& sX,
+  __device__ void load_boxes(const Tma& tma, const TmaPage& tma_page, const typename Traits::GmemShape& shape, Smem& sX,
                              const Tile& tile, int kv_head, int n, Pipeline& pipe, PipelineState& state) {
     const FwdParams& p = kp.p;
     const int32_t* table = p.block_table + int64_t(tile.t.batch) * p.block_table_stride;
@@ -164,9 +199,69 @@ struct FwdLoad {
     }
   }
 
+  // Key block n of a paged tile of a page size no TMA box divides (not a multiple of 16), gathered row by row by the
+  // producer warp with 16-byte cp.async. One warp issuing 64 copies per 32 KiB stage reads 0.9 TB/s at decode, below
+  // the 16-row TMA boxes (bench/results/2026-12-02_h200_session12); it replaces the gathered contiguous copy of the
+  // whole cache these page sizes took before. Lane l looks up the pages of rows l, l + 32, ... of the block and
+  // leaves each row's global address in shared memory (ss.row_addr: the producer's 24 registers do not hold them)
+  // before the stage is acquired, so that the table's latency runs under that wait. Rows at or past the sequence's
+  // keys hold the last key's row with bit 0 set (rows are 16-byte aligned): they are zero filled (src-size 0, from
+  // an address inside the tensor), as are columns past the tensor's real head dim, so no stage holds stale rows and
+  // the consumers need no V tail zeroing. Each lane arrives on the stage's barrier when its copies have landed
+  // (cp.async.mbarrier.arrive.noinc: the kernel counts 32 producer arrivals per stage in this mode), as CUTLASS's
+  // sm90 cp.async warp-specialized GEMM signals its stages.
+  template <bool kV, class Smem>
+  __device__ void load_rows(Smem& sX, const Tile& tile, int kv_head, int n, Pipeline& pipe, PipelineState& state) {
+    constexpr int kWarp = kProducerWarpThreads;
+    constexpr int kChunkElems = int(sizeof(cute::uint128_t) / sizeof(Element));
+    constexpr int kChunks = kHeadDim / kChunkElems;  // 16-byte chunks per row
+    constexpr int kLanesPerRow = (kChunks & -kChunks) < kWarp ? (kChunks & -kChunks) : kWarp;
+    constexpr int kRowsPerCopy = kWarp / kLanesPerRow;      // rows one warp-wide copy covers
+    constexpr int kChunksPerLane = kChunks / kLanesPerRow;  // of each of those rows
+    static_assert(kHeadDim % kChunkElems == 0 && kChunks % kLanesPerRow == 0 && kBlockN % kRowsPerCopy == 0);
+    const FwdParams& p = kp.p;
+    const int lane = lane_here();
+    const int32_t* table = p.block_table + int64_t(tile.t.batch) * p.block_table_stride;
+    const int key0 = n * kBlockN, last = tile.seq.len_k - 1;  // a loaded block holds keys: key0 <= last
+    const char* base = static_cast<const char*>(kV ? p.v : p.k) +
+                       int64_t(kv_head) * (kV ? p.v_head : p.k_head) * int64_t(sizeof(Element));
+    CUTE_UNROLL
+    for (int r0 = 0; r0 < kBlockN; r0 += kWarp) {
+      const int row = r0 + lane;
+      int page, slot;
+      kp.page_size_div(page, slot, min(key0 + row, last));  // past the keys: the last key (no branch)
+      const uint64_t addr = uint64_t(
+          base + (int64_t(table[page]) * (kV ? p.v_batch : p.k_batch) + int64_t(slot) * (kV ? p.v_row : p.k_row)) *
+                     int64_t(sizeof(Element)));
+      if (kBlockN % kWarp == 0 || row < kBlockN) ss.row_addr[row] = addr | uint64_t(key0 + row > last);
+    }
+    __syncwarp();                  // every row's address is in place
+    pipe.producer_acquire(state);  // no leader in this mode: nothing is announced here
+    const int stage = state.index();
+    const int cols = kV ? p.head_dim_v : p.head_dim;
+    const int col0 = (lane % kLanesPerRow) * kChunkElems;
+#pragma unroll 4
+    for (int i = 0; i < kBlockN / kRowsPerCopy; ++i) {
+      const int row = i * kRowsPerCopy + lane / kLanesPerRow;
+      const uint64_t addr = ss.row_addr[row];
+      const Element* src = reinterpret_cast<const Element*>(addr & ~uint64_t(1));
+      CUTE_UNROLL
+      for (int c = 0; c < kChunksPerLane; ++c) {
+        const int col = col0 + c * kLanesPerRow * kChunkElems;
+        const bool valid = (addr & 1) == 0 && col < cols;
+        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+            *reinterpret_cast<const cute::uint128_t*>(src + (valid ? col : 0)),
+            *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&sX(row, col, stage))), valid);
+      }
+    }
+    __syncwarp();  // the addresses are read before the next block's lanes overwrite them
+    cutlass::arch::cpasync_barrier_arrive_noinc(pipe.producer_get_barrier(state));
+  }
+
   // After the last tile: matches the consumers' release of the last tile's Q space (every arrive has its sync),
   // then tells them there is no further tile.
   __device__ void finish(const TileScheduler& sched) {
+    if (kp.p.paged_rows) cp_async_wait<0>();  // no copy outlives its issuing lane
     if (!first_tile) wait_q_space();
     if (leader) {
       publish_tile(ss.tile_idx, sched.count());

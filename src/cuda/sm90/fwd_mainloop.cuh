@@ -135,11 +135,12 @@ struct FwdMainloop {
 
     // The partial key block's V box runs past the sequence's keys into memory TMA does not zero-fill (rows past
     // seqused_k, the next varlen sequence, the unused slots of a sequence's last page). P is 0 there, but 0 * Inf =
-    // NaN, so those rows are zeroed before any P.V reads the stage, as the sm80 kernel's predicated loads do. Every
-    // consumer warpgroup of the CTA runs the same range, so the barrier over all of them is reached by each; it sits
-    // after the first block's Q.K^T and before any ping-pong wait that could need another warpgroup to pass it first.
-    const bool zero_v_tail = (varlen || p.seqused_k != nullptr || p.block_table != nullptr) && range.hi > range.lo &&
-                             range.hi * kBlockN > tile.seq.len_k;
+    // NaN, so those rows are zeroed before any P.V reads the stage, as the sm80 kernel's predicated loads do (paged
+    // rows gathered with cp.async arrive zero filled). Every consumer warpgroup of the CTA runs the same range, so
+    // the barrier over all of them is reached by each; it sits after the first block's Q.K^T and before any
+    // ping-pong wait that could need another warpgroup to pass it first.
+    const bool zero_v_tail = !p.paged_rows && (varlen || p.seqused_k != nullptr || p.block_table != nullptr) &&
+                             range.hi > range.lo && range.hi * kBlockN > tile.seq.len_k;
     auto zero_v_tail_rows = [&] {
       constexpr int kChunk = Traits::kVecElems;  // 16-byte chunks stay contiguous under the swizzle
       constexpr int kChunksPerRow = Traits::kVecsPerRow;

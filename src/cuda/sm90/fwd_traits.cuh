@@ -10,6 +10,7 @@
 #include <cute/arch/cluster_sm90.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/fast_math.h>
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
@@ -41,7 +42,10 @@ struct FwdTraits {
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K steps are 16 elements");
 
   // Register split (setmaxnreg): the producer keeps the minimum (24); the consumers share the rest of the
-  // 64K-register file, rounded down to the multiple of 8 setmaxnreg takes and capped at 240.
+  // 64K-register file, rounded down to the multiple of 8 setmaxnreg takes and capped at 240. The registers the
+  // producer gives back are all the consumers get: the CTA launches with 168 per thread (two consumer
+  // warpgroups), and 240 for them leaves exactly 24 for the producer (with 32 the consumers' setmaxnreg waited
+  // forever).
   static constexpr int kRegisterFile = 64 * 1024;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegsRaw = (kRegisterFile / kWgThreads - kProducerRegs) / kConsumerWGs / 8 * 8;
@@ -87,7 +91,8 @@ struct FwdTraits {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
     cutlass::arch::ClusterTransactionBarrier barrier_q;
-    int tile_idx;  // the tile whose Q load barrier_q announces (count(): no more tiles)
+    int tile_idx;                // the tile whose Q load barrier_q announces (count(): no more tiles)
+    uint64_t row_addr[kBlockN];  // paged rows gathered by the producer warp: each row's address (FwdLoad::load_rows)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile table entry does not fit shared memory");
@@ -103,6 +108,7 @@ struct FwdTraits {
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, take<0, 2>(SmemLayoutO{}),
                                       Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{}));
+
   // Paged K/V in boxes of kPageBoxRows rows (PagedLoad::kTmaRows): one box per swizzle-atom column, so that it
   // lands on the contiguous run the stage's layout gives those rows there (atoms stack along the rows first).
   static constexpr int kAtomCols = decltype(size<1>(SmemAtom{}))::value;
@@ -132,8 +138,9 @@ struct KernelParams {
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
   typename Traits::TmaO tma_o;
-  typename Traits::TmaPage tma_k_page, tma_v_page;  // paged K/V in row boxes (built for paged calls only)
+  typename Traits::TmaPage tma_k_page, tma_v_page;  // paged K/V in row boxes (built for those calls only)
   typename Traits::GmemShape shape_q, shape_k, shape_v, shape_o;
+  cutlass::FastDivmod page_size_div;  // paged rows (FwdLoad::load_rows): key -> (page, slot)
   int num_m_blocks = 0;
   int section_heads = 1;        // TileScheduler
   int* tile_counter = nullptr;  // dynamic scheduling (zeroed before the launch); null: static

@@ -7,9 +7,9 @@ namespace flashattn::cuda::sm90 {
 // One wgmma (m64nNk16) covers 64 query rows: each consumer warpgroup owns 64 rows of the query block.
 constexpr int kWarpgroupRows = 64;
 
-// Paged K/V whose pages are not whole key blocks: rows of one TMA box (fwd_load.cuh). A key block is loaded as
-// block_k / 16 boxes per swizzle-atom column; every block_k is a multiple of 16, so a box never straddles pages
-// of a page size that is a multiple of 16 (vLLM's default page is 16 keys).
+// Paged K/V whose pages are not whole key blocks but multiples of 16 rows: rows of one TMA box (fwd_load.cuh). A
+// key block is loaded as block_k / 16 boxes per swizzle-atom column; every block_k is a multiple of 16, so a box
+// never straddles pages (vLLM's default page is 16 keys). Other page sizes are gathered with cp.async.
 constexpr int kPageBoxRows = 16;
 
 struct FwdTiles {
