@@ -242,11 +242,14 @@ Error forward_impl(const Problem& p, int threads) {
   const int64_t group = p.group();
   // Every query block of a (sequence, KV head) reads the same K/V tiles: a thread keeps the fp32 tiles of the last
   // (sequence, KV head) it converted when they fit kKvCacheBytes (4k keys of d128), and tasks run KV-head-major
-  // so that a thread's next task is mostly the same head. Otherwise a task takes kQueryGroup consecutive query
-  // blocks, which share each K/V tile it converts (or reads in place): the K/V traffic per FLOP of a 512-row block,
-  // while each block keeps its own 64-row softmax state (and its bits: every block visits the same tiles in the
-  // same order either way). 16k d128 fp32 forward, 2 threads (bench/results/2026-12-01_cpu_fwd_16k_epyc2.md):
-  // 1, 4, 8, 16 blocks per task ran 16.1-17.5, 13.4-14.2, 12.0, 12.6 s.
+  // so that a thread's next task is mostly the same head. A task takes up to kQueryGroup consecutive query
+  // blocks, which share each K/V tile it converts, reads from the cache or reads in place: the K/V traffic per FLOP
+  // of a 512-row block, while each block keeps its own 64-row softmax state (and its bits: every block visits the
+  // same tiles in the same order either way). Fewer blocks per task only where the tasks would not keep every
+  // thread busy (four tasks per thread for the dynamic schedule). d128, 2 threads
+  // (bench/results/2026-12-01_cpu_fwd_16k_epyc2.md): at 16k (fp32, K/V outside the cache) 1, 4, 8, 16 blocks per
+  // task ran 16.1-17.5, 13.4-14.2, 12.0, 12.6 s; at 1k-4k (cached) 8 instead of 1 ran bf16 8-10% faster, fp32 the
+  // same.
   constexpr int64_t kKvCacheBytes = int64_t(4) << 20;
   constexpr int kQueryGroup = 8;
   int64_t max_lk = 0;
@@ -254,7 +257,10 @@ Error forward_impl(const Problem& p, int threads) {
   const int64_t kv_blocks_max = (max_lk + dm.bk - 1) / dm.bk;
   const int64_t kv_cache_floats = kv_blocks_max * dm.bk * (dm.dp + dm.dvp);
   const bool cache_kv = kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
-  const int group_blocks = cache_kv ? 1 : kQueryGroup;
+  int64_t all_blocks = 0;
+  for (int64_t b = 0; b < p.batch; ++b) all_blocks += (p.len_q(b) + dm.bq - 1) / dm.bq;
+  const int group_blocks =
+      int(std::clamp<int64_t>(all_blocks * p.heads_q / (4 * int64_t(thread_count(threads))), 1, kQueryGroup));
   // fp32 K/V whose rows need no padding are read in place by the GEMMs when they do not fit the cache: converting
   // a copy of every tile for every query block took a quarter of the time at 16k keys (0.73-0.81x torch against
   // 1.05-1.39x with the cache at 1k-4k: bench/results/2026-12-01_cpu_bwd_epyc2.md).
