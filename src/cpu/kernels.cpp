@@ -248,7 +248,7 @@ Error forward_impl(const Problem& p, int threads) {
   // same tiles in the same order either way). Fewer blocks per task only where the tasks would not keep every
   // thread busy (four tasks per thread for the dynamic schedule). d128, 2 threads
   // (bench/results/2026-12-01_cpu_fwd_16k_epyc2.md): at 16k (fp32, K/V outside the cache) 1, 4, 8, 16 blocks per
-  // task ran 16.1-17.5, 13.4-14.2, 12.0, 12.6 s; at 1k-4k (cached) 8 instead of 1 ran bf16 8-10% faster, fp32 the
+  // task ran 16.1-17.5, 13.4-14.2, 12.0, 12.6 s; at 4k (cached) 8 instead of 1 ran bf16 6-9% faster, fp32 the
   // same.
   constexpr int64_t kKvCacheBytes = int64_t(4) << 20;
   constexpr int kQueryGroup = 8;
