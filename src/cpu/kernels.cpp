@@ -257,10 +257,10 @@ Error forward_impl(const Problem& p, int threads) {
   const int64_t kv_blocks_max = (max_lk + dm.bk - 1) / dm.bk;
   const int64_t kv_cache_floats = kv_blocks_max * dm.bk * (dm.dp + dm.dvp);
   const bool cache_kv = kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
+  const int nthreads = thread_count(threads);
   int64_t all_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) all_blocks += (p.len_q(b) + dm.bq - 1) / dm.bq;
-  const int group_blocks =
-      int(std::clamp<int64_t>(all_blocks * p.heads_q / (4 * int64_t(thread_count(threads))), 1, kQueryGroup));
+  const int group_blocks = int(std::clamp<int64_t>(all_blocks * p.heads_q / (4 * int64_t(nthreads)), 1, kQueryGroup));
   // fp32 K/V whose rows need no padding are read in place by the GEMMs when they do not fit the cache: converting
   // a copy of every tile for every query block took a quarter of the time at 16k keys (0.73-0.81x torch against
   // 1.05-1.39x with the cache at 1k-4k: bench/results/2026-12-01_cpu_bwd_epyc2.md).
@@ -274,7 +274,7 @@ Error forward_impl(const Problem& p, int threads) {
   constexpr float kUnbounded = 3.0e7f;
   bool alloc_failed = false;
 
-#pragma omp parallel num_threads(thread_count(threads))
+#pragma omp parallel num_threads(nthreads)
   {
     // The query tile is held transposed (queries along vector lanes) so that the scores come out as
     // St[key][query]: the online softmax then runs down columns with plain vector ops and no horizontal
