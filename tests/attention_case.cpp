@@ -18,7 +18,10 @@ void fill_random(std::vector<uint8_t>* buf, size_t n, fa_dtype t, std::mt19937_6
   buf->assign(n * dtype_size(t), 0);
   for (size_t i = 0; i < n; ++i) {
     float x = dist(rng);
-    if (t == FA_FLOAT32) {
+    if (t == FA_FLOAT8_E4M3) {
+      // Quantised data spans e4m3's grid (about |x| * 64 up to 448); the factors bring it back near N(0, 1).
+      buf->data()[i] = cpu::float_to_e4m3(x * 64.f);
+    } else if (t == FA_FLOAT32) {
       std::memcpy(buf->data() + i * 4, &x, 4);
     } else {
       uint16_t h = t == FA_BFLOAT16 ? cpu::float_to_bf16(x) : cpu::float_to_fp16(x);
@@ -59,7 +62,7 @@ Problem::Problem(const Case& c_) : c(c_) {
   fill_random(&v, size_t(total_k * rows_v), c.dtype, rng);
   fill_random(&dout, size_t(total_q * rows_o), c.dtype, rng);
   if (c.nan_past_used) poison_unused_keys();
-  const size_t e = dtype_size(c.dtype);
+  const size_t e = dtype_size(c.out_dtype());
   poison(&out, size_t(total_q * rows_o) * e);
   poison(&dq, size_t(total_q * rows_q) * e);
   poison(&dk, size_t(total_k * rows_k) * e);
@@ -73,6 +76,12 @@ Problem::Problem(const Case& c_) : c(c_) {
   // Sink logits around the rows' LSEs (a few units for these unit-variance inputs): each matters, none dominates.
   for (int64_t h = 0; h < c.hq; ++h) sinks.push_back(float(-1.0 + 5.0 * double(h) / double(c.hq)));
   dsinks.assign(size_t(c.hq), std::nanf(""));
+  // FP8 factors in [0.5, 2] / 64 (fill_random scaled the data by 64), distinct per (batch, head).
+  std::uniform_real_distribution<float> factor(0.5f / 64.f, 2.f / 64.f);
+  for (std::vector<float>* f : {&q_descale, &k_descale, &v_descale}) {
+    const int64_t heads = f == &q_descale && c.descale == Case::Descale::kQueryHeads ? c.hq : c.hkv;
+    for (int64_t i = 0; i < sequences() * heads; ++i) f->push_back(factor(rng));
+  }
 }
 
 int64_t Problem::sequences() const { return c.varlen() ? int64_t(c.lens_q.size()) : c.batch; }
@@ -97,7 +106,7 @@ fa_tensor Problem::qkv_tensor(const std::vector<uint8_t>& buf, bool key_rows, in
   const int64_t rows = key_rows ? (c.varlen() ? total_k : c.sk) : (c.varlen() ? total_q : c.sq);
   fa_tensor t{};
   t.data = const_cast<uint8_t*>(buf.data());
-  t.dtype = c.dtype;
+  t.dtype = &buf == &q || &buf == &k || &buf == &v ? c.dtype : c.out_dtype();
   t.device = FA_DEVICE_CPU;
   if (c.varlen()) {
     t.ndim = 3;
@@ -139,6 +148,12 @@ FwdParams Problem::fwd() const {
   a.dropout_p = c.dropout_p;
   a.dropout_seed = c.dropout_seed;
   a.dropout_offset = c.dropout_offset;
+  if (c.dtype == FA_FLOAT8_E4M3 && c.descale != Case::Descale::kNone) {
+    const int64_t q_heads = c.descale == Case::Descale::kQueryHeads ? c.hq : c.hkv;
+    a.q_descale = make_tensor(const_cast<float*>(q_descale.data()), FA_FLOAT32, {sequences(), q_heads});
+    a.k_descale = make_tensor(const_cast<float*>(k_descale.data()), FA_FLOAT32, {sequences(), c.hkv});
+    a.v_descale = make_tensor(const_cast<float*>(v_descale.data()), FA_FLOAT32, {sequences(), c.hkv});
+  }
   p.out = qkv_tensor(out, false, c.hq, c.value_dim());
   if (c.lse) {
     p.lse = c.varlen() ? make_tensor(const_cast<float*>(lse.data()), FA_FLOAT32, {c.hq, total_q})
@@ -178,9 +193,12 @@ detail::Problem Problem::view() const {
   BwdParams p = bwd();
   detail::Problem out_problem;
   const detail::Requirements req{0, 1, true, "reference"};
-  detail::Error e = detail::validate(p.attn, p.out, p.lse, &p.dout, &p.dq, &p.dk, &p.dv, detail::Direction::kBackward,
-                                     req, c.varlen() ? cu_q.data() : nullptr, c.varlen() ? cu_k.data() : nullptr,
-                                     used_k.empty() ? nullptr : used_k.data(), &out_problem, &p.dsinks);
+  const bool fp8 = c.dtype == FA_FLOAT8_E4M3;  // forward only: validated as a forward
+  detail::Error e =
+      detail::validate(p.attn, p.out, p.lse, fp8 ? nullptr : &p.dout, fp8 ? nullptr : &p.dq, fp8 ? nullptr : &p.dk,
+                       fp8 ? nullptr : &p.dv, fp8 ? detail::Direction::kForward : detail::Direction::kBackward, req,
+                       c.varlen() ? cu_q.data() : nullptr, c.varlen() ? cu_k.data() : nullptr,
+                       used_k.empty() ? nullptr : used_k.data(), &out_problem, fp8 ? nullptr : &p.dsinks);
   if (!e.ok()) throw std::runtime_error("test problem invalid: " + e.message);
   return out_problem;
 }

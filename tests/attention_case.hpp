@@ -38,6 +38,7 @@ class Problem {
   const Case c;
   std::vector<uint8_t> q, k, v, out, dout, dq, dk, dv;
   std::vector<float> lse, alibi, sinks, dsinks;
+  std::vector<float> q_descale, k_descale, v_descale;  // FP8 factors (Case::descale)
   std::vector<int32_t> cu_q, cu_k, used_k;
   int64_t total_q = 0, total_k = 0, max_q = 0, max_k = 0;
 

@@ -45,6 +45,9 @@ struct Case {
   bool sinks = false;  // learnable sink logits, one per query head (and their gradient in the backward)
   float dropout_p = 0.f;
   uint64_t dropout_seed = 42, dropout_offset = 0;
+  // FP8 (dtype FA_FLOAT8_E4M3): the dequantisation factors given, none, per KV head (q_descale (B, Hkv), as
+  // FlashAttention-3) or with q_descale per query head (B, Hq).
+  enum class Descale { kNone, kKvHeads, kQueryHeads } descale = Descale::kKvHeads;
   // Sequences: varlen when lens_q is non-empty (one entry per sequence, lens_k alike; batch, sq, sk unused).
   std::vector<int32_t> lens_q, lens_k;
   std::vector<int32_t> seqused_k;  // keys used per sequence (a KV cache); empty: all
@@ -61,6 +64,8 @@ struct Case {
   uint64_t seed = 1;
 
   int64_t value_dim() const { return dv > 0 ? dv : d; }
+  // What out (and the backward's tensors) are stored in: bfloat16 for FP8 inputs.
+  fa_dtype out_dtype() const { return dtype == FA_FLOAT8_E4M3 ? FA_BFLOAT16 : dtype; }
   bool varlen() const { return !lens_q.empty(); }
   // The name (when set), then every field that differs from a plain problem: what a failure message shows.
   std::string label() const;
@@ -84,6 +89,8 @@ inline std::string Case::label() const {
   if (alibi != Alibi::kNone) s << (alibi == Alibi::kBatch ? " alibi(B,Hq)" : " alibi");
   if (sinks) s << " sinks";
   if (dropout_p > 0.f) s << " dropout " << dropout_p;
+  if (dtype == FA_FLOAT8_E4M3)
+    s << (descale == Descale::kNone ? " no-descale" : descale == Descale::kQueryHeads ? " q-descale(B,Hq)" : "");
   if (!seqused_k.empty()) s << (nan_past_used ? " seqused(NaN tail)" : " seqused");
   if (head_pad || row_pad) s << " strided";
   if (const char* b = backend_label(backend)) s << " " << b;

@@ -424,6 +424,69 @@ def feature_rows(b: Bench, ours, feature: str):
         empty_cache()
 
 
+def fp8_rows(b: Bench, ours):
+    """The FP8 forward (issue bar: non-causal 16k >= FA3's 641 / 894 / 1149 TFLOP/s at d64 / 128 / 256, and >= 1.6x
+    our bf16 at d128): rows kind 'fp8_fwd', backends 'ours_fp8' (float8_e4m3fn q/k/v with per-(batch, head)
+    factors, out bf16), 'ours' and 'cudnn' (bf16 inputs of the same values), at seqlen 2k and 16k, causal and not;
+    then kind 'fp8_rmse' (tflops column: RMSE against float64 attention of the unquantised inputs) on the FA3
+    paper's outlier recipe (N(0, 1) + N(0, 100) * Bernoulli(0.001), d128, 2k): bf16, FP8 per-(batch, head) factors,
+    FP8 with the Hadamard rotation."""
+    if not ours.ok or not hasattr(ours.module, "quantize_fp8"):
+        return
+    fa = ours.module
+    for hdim in (64, 128, 256):
+        for causal in (0, 1):
+            for seqlen in (2048, 16384):
+                heads, batch = MODEL_DIM // hdim, TOKENS // seqlen
+                base = dict(dtype="fp8", hdim=hdim, causal=causal, seqlen=seqlen, batch=batch, heads=heads)
+                q, k, v = (torch.randn(batch, seqlen, heads, hdim, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+                try:
+                    (q8, qd), (k8, kd), (v8, vd) = (fa.quantize_fp8(t) for t in (q, k, v))
+                except Exception as e:  # noqa: BLE001 (any failure is a row, not the end of the run)
+                    b.row(kind="fp8_fwd", backend="ours_fp8", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}",
+                          **base)
+                    return
+                flops = common.attn_flops(batch, heads, seqlen, seqlen, hdim, bool(causal), "fwd")
+                ref = fa.flash_attn_func(q, k, v, causal=bool(causal)).float()
+
+                def diff(out, ref=ref):
+                    return f"maxdiff_vs_ours_bf16={float((out.float() - ref).abs().max()):.2e}"
+
+                b.measure("fp8_fwd", "ours_fp8", lambda: fa.flash_attn_func(q8, k8, v8, causal=bool(causal),
+                                                                            q_descale=qd, k_descale=kd, v_descale=vd),
+                          flops, base, diff)
+                b.measure("fp8_fwd", "ours", lambda: fa.flash_attn_func(q, k, v, causal=bool(causal)), flops, base)
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                with sdpa_kernel(PEERS["cudnn"]):
+                    b.measure("fp8_fwd", "cudnn",
+                              lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal)), flops, base)
+                q = k = v = q8 = k8 = v8 = ref = qt = kt = vt = None  # noqa: F841
+                empty_cache()
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def outliers():
+        x = torch.randn(1, 2048, 1, 128, generator=gen, dtype=torch.float64)
+        spikes = torch.randn(x.shape, generator=gen, dtype=torch.float64) * 10
+        return x + spikes * (torch.rand(x.shape, generator=gen) < 1e-3)
+
+    q, k, v = outliers(), outliers(), outliers()
+    exact = torch.softmax(torch.einsum("bihd,bjhd->bhij", q, k) / 128 ** 0.5, -1)
+    exact = torch.einsum("bhij,bjhd->bihd", exact, v)
+    base = dict(dtype="fp8", hdim=128, causal=0, seqlen=2048, batch=1, heads=1)
+    qc, kc, vc = (t.to(DEV) for t in (q, k, v))
+    variants = {"bf16": None, "fp8_per_head": False, "fp8_hadamard": True}
+    for name, hadamard in variants.items():
+        if hadamard is None:
+            out = fa.flash_attn_func(qc.bfloat16(), kc.bfloat16(), vc.bfloat16())
+        else:
+            (q8, qd), (k8, kd) = (fa.quantize_fp8(t.float(), hadamard=hadamard, seed=1) for t in (qc, kc))
+            v8, vd = fa.quantize_fp8(vc.float())
+            out = fa.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+        rmse = float(((out.double().cpu() - exact) ** 2).mean().sqrt())
+        b.row(kind="fp8_rmse", backend=name, ms="", tflops=f"{rmse:.3e}", note="RMSE vs float64, outlier inputs",
+              **base)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", required=True)
@@ -434,7 +497,7 @@ def main():
     ap.add_argument("--decode-only", action="store_true",
                     help="only the decode rows (after the ceilings), and the feature-cost rows --features names")
     ap.add_argument("--features", default="sink,dropout",
-                    help="feature-cost rows (feature_rows), comma-separated: sink, dropout; '' for none")
+                    help="feature rows, comma-separated: sink, dropout (feature_rows), fp8 (fp8_rows); '' for none")
     a = ap.parse_args()
     info = common.env_info()
     print("# " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
@@ -449,7 +512,10 @@ def main():
     ceilings(b)
     decode_rows(b, ours, a.quick)
     for feature in filter(None, a.features.split(",")):
-        feature_rows(b, ours, feature)
+        if feature == "fp8":
+            fp8_rows(b, ours)
+        else:
+            feature_rows(b, ours, feature)
     if a.decode_only:
         return
     # The main table leaves the ablations their time, so that an ablation run always gets its table.

@@ -161,6 +161,7 @@ def markdown(out_dir, work, rows):
     L += decode_table(rows)
     L += feature_table(rows, "sink", "Learnable sinks")
     L += feature_table(rows, "dropout", "Dropout p = 0.1")
+    L += fp8_table(rows)
     mem = [r for r in rows if r["kind"] == "memory"]
     if mem:
         L += ["", "## Peak extra memory (MiB above the inputs; bf16, 1×16k×16 heads, d128, causal)", "",
@@ -205,6 +206,36 @@ def feature_table(rows, feature, title):
         cost = f"{(w / a - 1) * 100:+.1f}%" if a and w else "–"
         L.append(f"| {kind.split('_')[1]} | {'yes' if causal else 'no'} | {a if a else 'n/a'} | "
                  f"{w if w else 'n/a'} | {cost} |")
+    return L
+
+
+# FlashAttention-3's FP8 forward, non-causal 16k tokens (../shared/anchors/fa3_fp8_h200_2026-11-30.tsv): the bar.
+FA3_FP8_16K = {64: 641.0, 128: 894.0, 256: 1149.0}
+
+
+def fp8_table(rows):
+    """Markdown lines: the FP8 forward (bench.py fp8_rows) beside our bf16 and cuDNN's, and the accuracy rows."""
+    fwd = [r for r in rows if r["kind"] == "fp8_fwd"]
+    acc = [r for r in rows if r["kind"] == "fp8_rmse"]
+    L = []
+    if fwd:
+        per = defaultdict(dict)
+        for r in fwd:
+            per[(int(r["hdim"]), int(r["causal"]), int(r["seqlen"]))][r["backend"]] = r
+        L += ["", "## FP8 forward (e4m3 q/k/v, per-(batch, head) factors, bf16 out; TFLOP/s; bf16 rows: the same "
+              "values in bf16)", "", "| d | causal | seqlen | ours FP8 | ours bf16 | cuDNN bf16 | FP8 / ours bf16 | "
+              "FP8 / FA3 FP8 (16k, non-causal) | note |", "|---|---|---|---|---|---|---|---|---|"]
+        for (d, causal, s), got in sorted(per.items()):
+            t = {k: num(v["tflops"]) for k, v in got.items()}
+            fa3 = FA3_FP8_16K.get(d) if s == 16384 and not causal else None
+            note = (got.get("ours_fp8") or {}).get("note", "")
+            L.append(f"| {d} | {'yes' if causal else 'no'} | {s} | {fmt(got.get('ours_fp8'))} | "
+                     f"{fmt(got.get('ours'))} | {fmt(got.get('cudnn'))} | {ratio(t.get('ours_fp8'), t.get('ours'))} | "
+                     f"{ratio(t.get('ours_fp8'), fa3) if fa3 else '–'} | {note} |")
+    if acc:
+        L += ["", "## FP8 accuracy (d128, 2k, outlier inputs N(0,1) + N(0,100)·Bernoulli(0.001); RMSE vs float64)",
+              "", "| inputs | RMSE |", "|---|---|"]
+        L += [f"| {r['backend']} | {r['tflops']} |" for r in acc]
     return L
 
 

@@ -33,6 +33,16 @@
  * synchronisation, graph-capturable) and read an out-of-range page as zeros, never memory outside k and v.
  * Entries past a sequence's last used page are never read. Not with cu_seqlens (varlen) or in the backward.
  *
+ * FP8 (q, k, v all FA_FLOAT8_E4M3; forward only; out bfloat16, lse float32): the stored values times their
+ * dequantisation factors are the inputs of the semantics above,
+ *   q_ih = q_descale[b, h'] * Q_ih,   k_jh = k_descale[b, hk] * K_jh,   v_jh = v_descale[b, hk] * V_jh,
+ * with hk = h / (Hq / Hkv) the KV head of query head h. k_descale and v_descale have shape (B, Hkv); q_descale
+ * (B, Hkv) (h' = hk, FlashAttention-3's convention) or (B, Hq) (h' = h, one factor per query head, as
+ * fa_quantize_fp8 returns for q); absent = 1. Factors must be >= 0 (CPU calls: checked; CUDA calls are not read on
+ * the host, and a negative q_descale * k_descale makes that head's rows NaN). The kernels may round the probabilities
+ * to e4m3 before they multiply V (FlashAttention-3 does; the tests' plain implementation does too). fa_quantize_fp8
+ * makes such inputs.
+ *
  * Bad input is an error, never a crash or a wrong answer:
  *   - Outputs (out, lse; dq, dk, dv, dsinks) may share no memory with an input, another output or themselves (no
  *     in-place attention): FA_ERROR_INVALID_ARGUMENT names both tensors. Views that interleave in one buffer
@@ -54,7 +64,9 @@ extern "C" {
 
 #define FA_MAX_DIMS 4
 
-typedef enum fa_dtype { FA_FLOAT32 = 0, FA_FLOAT16 = 1, FA_BFLOAT16 = 2, FA_INT32 = 3 } fa_dtype;
+/* FA_FLOAT8_E4M3: OCP e4m3fn (torch.float8_e4m3fn: 1 sign, 4 exponent, 3 mantissa bits, max 448, NaN 0x7f/0xff,
+   no infinities), forward only: q, k, v stored in it, out bfloat16 (see FP8 below). */
+typedef enum fa_dtype { FA_FLOAT32 = 0, FA_FLOAT16 = 1, FA_BFLOAT16 = 2, FA_INT32 = 3, FA_FLOAT8_E4M3 = 4 } fa_dtype;
 typedef enum fa_device { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device;
 
 /* A non-owning view. data == NULL marks an optional tensor as absent. */
@@ -96,13 +108,14 @@ typedef struct fa_attention {
   float softmax_scale;
   int causal;
   fa_causal_alignment causal_alignment;
-  int64_t window_left, window_right;     /* -1 = unbounded */
-  float softcap;                         /* 0 = off */
-  fa_tensor alibi_slopes;                /* optional float32 (Hq) or (B, Hq) */
-  float dropout_p;                       /* probability of dropping each attention probability, [0, 1); see below */
-  fa_tensor sinks;                       /* optional float32 (Hq): learnable sink logits (see Semantics) */
-  uint64_t dropout_seed, dropout_offset; /* dropout: the mask is a function of (seed, offset, b, h, i, j) */
-  fa_tensor block_table;                 /* optional int32 (B, max_pages): paged K/V (see Paged K/V below) */
+  int64_t window_left, window_right;         /* -1 = unbounded */
+  float softcap;                             /* 0 = off */
+  fa_tensor alibi_slopes;                    /* optional float32 (Hq) or (B, Hq) */
+  float dropout_p;                           /* probability of dropping each attention probability, [0, 1); see below */
+  fa_tensor sinks;                           /* optional float32 (Hq): learnable sink logits (see Semantics) */
+  uint64_t dropout_seed, dropout_offset;     /* dropout: the mask is a function of (seed, offset, b, h, i, j) */
+  fa_tensor block_table;                     /* optional int32 (B, max_pages): paged K/V (see Paged K/V below) */
+  fa_tensor q_descale, k_descale, v_descale; /* FP8 only, optional float32: dequantisation factors (see FP8) */
 } fa_attention;
 
 /* How to run it. */
@@ -160,6 +173,25 @@ typedef struct fa_plan_info {
 } fa_plan_info;
 fa_status fa_forward_plan(const fa_fwd_params* params, const fa_exec* exec, fa_plan_info* info);
 fa_status fa_backward_plan(const fa_bwd_params* params, const fa_exec* exec, fa_plan_info* info);
+
+/* FP8 quantisation (the inputs of an FP8 forward): x (B, S, H, D) float32 / float16 / bfloat16 ->
+ *   out (B, S, H, D) FA_FLOAT8_E4M3 and descale (B, H) float32 with  out = rne_e4m3(x' / descale),
+ *   descale[b, h] = max |x'[b, :, h, :]| / 448 (1 where that is 0), and x' = x, or with hadamard = 1 the
+ *   incoherent-processing rotation x' = x . diag(signs) . H_D / sqrt(D): H_D the Sylvester Hadamard matrix
+ *   (D a power of two in [16, 256]), signs[c] = +-1 a function of (seed, c) alone (fa_hadamard_sign). Quantise q
+ *   and k with the same seed: the rotation is orthogonal, so q'.k'^T = q.k^T and the attention is unchanged in
+ *   exact arithmetic while outliers spread over the head dim. v is quantised without it (hadamard = 0). The
+ *   dequantised x' (out * descale) stands within e4m3's rounding of x'. CPU and CUDA tensors (same device). */
+typedef struct fa_quantize_params {
+  fa_tensor x;       /* (B, S, H, D), unit last stride */
+  fa_tensor out;     /* (B, S, H, D) FA_FLOAT8_E4M3, written */
+  fa_tensor descale; /* (B, H) float32, written */
+  int hadamard;      /* 1: rotate along D first */
+  uint64_t seed;     /* the rotation's signs */
+} fa_quantize_params;
+fa_status fa_quantize_fp8(const fa_quantize_params* params, const fa_exec* exec);
+/* The sign (+1 or -1) of column c in the rotation of fa_quantize_fp8 with this seed. */
+int fa_hadamard_sign(uint64_t seed, int c);
 
 /* Contiguous view helper: strides filled row-major. */
 fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim, const int64_t* shape);

@@ -70,7 +70,9 @@ inline BwdParams make_bwd_params() {
   return p;
 }
 
-inline std::size_t dtype_size(fa_dtype t) { return t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : 4; }
+inline std::size_t dtype_size(fa_dtype t) {
+  return t == FA_FLOAT8_E4M3 ? 1 : t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : 4;
+}
 
 // The one name of each dtype (numpy's and torch's spelling), for messages and reports, in the library and its tools.
 inline const char* dtype_name(fa_dtype t) {
@@ -79,6 +81,7 @@ inline const char* dtype_name(fa_dtype t) {
     case FA_FLOAT16: return "float16";
     case FA_BFLOAT16: return "bfloat16";
     case FA_INT32: return "int32";
+    case FA_FLOAT8_E4M3: return "float8_e4m3fn";
   }
   return "unknown";
 }
@@ -90,6 +93,7 @@ inline const char* dtype_short_name(fa_dtype t) {
     case FA_FLOAT16: return "fp16";
     case FA_BFLOAT16: return "bf16";
     case FA_INT32: return "int32";
+    case FA_FLOAT8_E4M3: return "fp8";
   }
   return "unknown";
 }

@@ -24,7 +24,9 @@ _TORCH_API = (
 
 _KVCACHE_API = ("flash_attn_with_kvcache",)
 
-__all__ = ["ops", "__version__", *_TORCH_API, *_KVCACHE_API]
+quantize_fp8 = ops.quantize_fp8  # FP8 inputs with per-(batch, head) factors, optionally Hadamard-rotated
+
+__all__ = ["ops", "quantize_fp8", "__version__", *_TORCH_API, *_KVCACHE_API]
 
 
 def __getattr__(name):

@@ -330,18 +330,51 @@ def _gather_pages(k: Tensor, v: Tensor, block_table: Tensor, cu_seqlens_k: Tenso
     return k.flatten(0, 1)[rows], v.flatten(0, 1)[rows]
 
 
+def _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                   softmax_scale, causal, window_size, softcap, alibi_slopes, causal_alignment, learnable_sink,
+                   q_descale, k_descale, v_descale):
+    """FP8 inputs (torch.float8_e4m3fn q, k, v): forward only, as FlashAttention-3's; out bfloat16."""
+    if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
+        _fail("q", "float8_e4m3fn attention is forward only (no gradient), as in FlashAttention-3")
+    left, right = window_pair(window_size)
+    varlen = cu_seqlens_q is not None
+    out = torch.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+    as_u8 = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731
+    _call(_C.forward, q, _dl(as_u8(q)), _dl(as_u8(k)), _dl(as_u8(v)), _dl(out), _dl(lse), fp8=True,
+          cu_seqlens_q=_dl(cu_seqlens_q), cu_seqlens_k=_dl(cu_seqlens_k), seqused_k=_dl(seqused_k),
+          max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+          softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
+          causal_alignment=causal_alignment_code(causal_alignment), window_left=left, window_right=right,
+          softcap=float(softcap), alibi_slopes=_dl(alibi_slopes), dropout_p=float(dropout_p),
+          sinks=None if learnable_sink is None else _dl(learnable_sink.float().contiguous()),
+          q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale))
+    return out, lse
+
+
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                     return_attn_probs: bool = False, *, causal_alignment: str = "bottom_right",
-                    learnable_sink: Optional[Tensor] = None) -> Result:
+                    learnable_sink: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                    k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> Result:
     """Attention of q (B, Sq, Hq, D) against k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns out (B, Sq, Hq, Dv).
 
     As flash_attn.flash_attn_func. Extensions: ``causal_alignment`` "bottom_right" (default, flash_attn >= 2.1)
     or "top_left"; ``learnable_sink`` (Hq): a sink logit per query head in every row's softmax denominator
     (gpt-oss; FlashAttention-4's keyword), differentiable. With return_attn_probs, returns (out, softmax_lse
-    (B, Hq, Sq) float32, None).
+    (B, Hq, Sq) float32, None). FP8: q, k, v torch.float8_e4m3fn with the float32 dequantisation factors
+    ``q_descale`` (B, Hkv) or (B, Hq), ``k_descale``, ``v_descale`` (B, Hkv) of FlashAttention-3's
+    flash_attn_func (flashattn.quantize_fp8 makes them); forward only, out bfloat16.
     """
+    if q.dtype == torch.float8_e4m3fn:
+        out, lse = _fp8_attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, causal_alignment, learnable_sink, q_descale, k_descale,
+                                  v_descale)
+        return _result(out, lse, return_attn_probs)
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        _fail("q_descale" if q_descale is not None else "k_descale" if k_descale is not None else "v_descale",
+              f"is for float8_e4m3fn q/k/v only (got {q.dtype})")
     out, lse = _attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
                           alibi_slopes, deterministic, causal_alignment, learnable_sink)
     return _result(out, lse, return_attn_probs)

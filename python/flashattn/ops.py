@@ -32,6 +32,7 @@ _BACKENDS = {
 __all__ = [
     "forward",
     "backward",
+    "quantize_fp8",
     "causal_alignment_code",
     "backend_code",
     "backend_name",
@@ -84,6 +85,16 @@ def _export(a):
         if torch is not None and isinstance(a, torch.Tensor):
             return torch.utils.dlpack.to_dlpack(a.detach())
     return a
+
+
+def _fp8_storage(a):
+    """(array, True) for a torch.float8_e4m3fn tensor: viewed as uint8, since torch's DLPack exporter has no float8
+    code; flashattn.h reads those bytes as e4m3 when told. Other arrays: (a, False)."""
+    if a is not None and type(a).__module__.startswith("torch"):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn:
+            return a.view(torch.uint8), True
+    return a, False
 
 
 def _is_numpy(a) -> bool:
@@ -167,8 +178,12 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
             max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
             causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
             dropout_p=0.0, sinks=None, dropout_seed=0, dropout_offset=0, num_splits=0, backend="auto", num_threads=0,
-            stream=0):
+            stream=0, q_descale=None, k_descale=None, v_descale=None, fp8=False):
     """Attention forward. Returns ``(out, lse)``, or ``out`` when ``return_lse`` is False.
+
+    FP8 (flashattn.h): q, k, v torch.float8_e4m3fn tensors (or, for any array library, their bytes as uint8 with
+    ``fp8=True``), out bfloat16, optional float32 dequantisation factors ``q_descale`` (B, Hkv) or (B, Hq),
+    ``k_descale`` / ``v_descale`` (B, Hkv), as FlashAttention-3's; :func:`quantize_fp8` makes such inputs.
 
     softmax_scale None means 1/sqrt(head_dim). max_seqlen_* default to the longest sequence of numpy
     cu_seqlens. num_threads: CPU worker threads (0 = all). stream: a cudaStream_t as an int for CUDA arrays.
@@ -178,7 +193,11 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
     cuda-sm80); the backward takes the same seed and offset.
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    (q, fq), (k, fk), (v, fv) = _fp8_storage(q), _fp8_storage(k), _fp8_storage(v)
+    fp8 = bool(fp8) or fq or fk or fv
     if out is None:
+        if fp8:
+            raise TypeError("out: pass a bfloat16 out for FP8 inputs (flashattn.ops allocates numpy outputs only)")
         out = _numpy_empty(q, tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype, "out")
     if lse is None and return_lse:
         import numpy as np
@@ -187,7 +206,8 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
     _check_numpy(dict(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks), ("out", "lse"))
     _C.forward(_export(q), _export(k), _export(v), _export(out), _export(lse), num_splits=int(num_splits),
-               sinks=_export(sinks), dropout_seed=int(dropout_seed), dropout_offset=int(dropout_offset),
+               sinks=_export(sinks), dropout_seed=int(dropout_seed), dropout_offset=int(dropout_offset), fp8=fp8,
+               q_descale=_export(q_descale), k_descale=_export(k_descale), v_descale=_export(v_descale),
                **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                          causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
                          stream))
@@ -225,3 +245,32 @@ def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q
                           causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
                           stream))
     return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
+
+
+def quantize_fp8(x, *, out=None, descale=None, hadamard=False, seed=0, stream=0):
+    """FP8 quantisation (flashattn.h, fa_quantize_fp8): x (B, S, H, D) float32/float16/bfloat16 -> ``(out,
+    descale)``, out e4m3 (torch.float8_e4m3fn for torch inputs; uint8 bytes for numpy) and descale (B, H) float32
+    with x' ~= out * descale. ``hadamard``: rotate along D first (a power of two), with signs from ``seed``; quantise
+    q and k with the same seed (q.k^T is unchanged), v without. Outputs are allocated for numpy and torch inputs.
+    """
+    torch = sys.modules.get("torch") if type(x).__module__.startswith("torch") else None
+    if torch is not None and isinstance(x, torch.Tensor):
+        if out is None:
+            out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        if descale is None:
+            descale = torch.empty((x.shape[0], x.shape[2]) if x.dim() == 4 else (0,), dtype=torch.float32,
+                                  device=x.device)
+        if x.device.type == "cuda" and not stream:
+            stream = torch.cuda.current_stream(x.device).cuda_stream
+    else:
+        import numpy as np
+
+        if out is None:
+            out = _numpy_empty(x, tuple(x.shape), np.uint8, "out")
+        if descale is None:
+            descale = _numpy_empty(x, (x.shape[0], x.shape[2]) if len(x.shape) == 4 else (0,), np.float32, "descale")
+    raw, _ = _fp8_storage(out)
+    _check_numpy(dict(x=x, out=raw, descale=descale), ("out", "descale"))
+    _C.quantize_fp8(_export(x), _export(raw), _export(descale), hadamard=bool(hadamard), seed=int(seed),
+                    stream=int(stream))
+    return out, descale

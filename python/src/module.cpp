@@ -63,10 +63,19 @@ std::string dtype_rule(const std::string& name) {
   if (name == "block_table") return "int32 (page indices)";
   if (name == "alibi_slopes") return "float32 (one slope per head)";
   if (name == "lse") return "float32 (log-sum-exp per query row)";
+  if (name == "q" || name == "k" || name == "v") return "float32, float16, bfloat16 or float8_e4m3fn";
   return "float32, float16 or bfloat16";
 }
 
-fa_dtype to_fa_dtype(const char* name, nb::dlpack::dtype t) {
+// DLPack's code of float8_e4m3fn (DLPack 1.1, kDLFloat8_e4m3fn); arrays from exporters without it come as 8-bit
+// integers with fp8=True (flashattn.ops passes torch.float8_e4m3fn tensors viewed as uint8).
+constexpr uint8_t kDLFloat8E4m3fn = 10;
+
+fa_dtype to_fa_dtype(const char* name, nb::dlpack::dtype t, bool fp8_storage = false) {
+  if (t.lanes == 1 && t.bits == 8 &&
+      (t.code == kDLFloat8E4m3fn || (fp8_storage && (t.code == uint8_t(nb::dlpack::dtype_code::UInt) ||
+                                                     t.code == uint8_t(nb::dlpack::dtype_code::Int)))))
+    return FA_FLOAT8_E4M3;
   if (t == nb::dtype<float>()) return FA_FLOAT32;
   if (t == nb::dtype<int32_t>()) return FA_INT32;
   if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Float)) return FA_FLOAT16;
@@ -77,7 +86,7 @@ fa_dtype to_fa_dtype(const char* name, nb::dlpack::dtype t) {
 
 // A non-owning fa_tensor view of a DLPack array (strides in elements, as DLPack and fa_tensor both use).
 template <typename Array>
-fa_tensor view(const char* name, const Array& a) {
+fa_tensor view(const char* name, const Array& a, bool fp8_storage = false) {
   fa_tensor t{};
   const size_t ndim = a.ndim();
   if (ndim > FA_MAX_DIMS)
@@ -94,7 +103,7 @@ fa_tensor view(const char* name, const Array& a) {
     raise(PyExc_ValueError, std::string(name) + ": must be in CPU or CUDA device memory (got DLPack device type " +
                                 std::to_string(device_type) + ")");
   }
-  t.dtype = to_fa_dtype(name, a.dtype());
+  t.dtype = to_fa_dtype(name, a.dtype(), fp8_storage);
   t.data = const_cast<void*>(static_cast<const void*>(a.data()));
   t.ndim = int(ndim);
   for (size_t i = 0; i < ndim; ++i) {
@@ -105,8 +114,8 @@ fa_tensor view(const char* name, const Array& a) {
 }
 
 template <typename Array>
-fa_tensor view(const char* name, const std::optional<Array>& a) {
-  return a ? view(name, *a) : fa_tensor{};
+fa_tensor view(const char* name, const std::optional<Array>& a, bool fp8_storage = false) {
+  return a ? view(name, *a, fp8_storage) : fa_tensor{};
 }
 
 fa_causal_alignment to_alignment(int alignment) {
@@ -121,11 +130,11 @@ fa_attention attention(const In& q, const In& k, const In& v, const OptIn& cu_se
                        const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                        std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
                        int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p,
-                       const OptIn& sinks, uint64_t dropout_seed, uint64_t dropout_offset) {
+                       const OptIn& sinks, uint64_t dropout_seed, uint64_t dropout_offset, bool fp8 = false) {
   fa_attention a = fa_attention_default();
-  a.q = view("q", q);
-  a.k = view("k", k);
-  a.v = view("v", v);
+  a.q = view("q", q, fp8);
+  a.k = view("k", k, fp8);
+  a.v = view("v", v, fp8);
   a.cu_seqlens_q = view("cu_seqlens_q", cu_seqlens_q);
   a.cu_seqlens_k = view("cu_seqlens_k", cu_seqlens_k);
   a.seqused_k = view("seqused_k", seqused_k);
@@ -160,13 +169,18 @@ void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut
              const OptIn& cu_seqlens_k, const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
              int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks,
-             uint64_t dropout_seed, uint64_t dropout_offset, int num_splits, const OptIn& block_table, int backend,
-             int num_threads, uintptr_t stream) {
+             uint64_t dropout_seed, uint64_t dropout_offset, int num_splits, const OptIn& block_table, bool fp8,
+             const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale, int backend, int num_threads,
+             uintptr_t stream) {
   fa_fwd_params p{};
   p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                      causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed,
-                     dropout_offset);
+                     dropout_offset, fp8);
   p.attn.block_table = view("block_table", block_table);  // forward only: paged K/V (flashattn.h)
+  // FP8 (forward only): the dequantisation factors.
+  p.attn.q_descale = view("q_descale", q_descale);
+  p.attn.k_descale = view("k_descale", k_descale);
+  p.attn.v_descale = view("v_descale", v_descale);
   p.out = view("out", out);
   p.lse = view("lse", lse);
   const fa_exec e = execution(backend, num_threads, stream, false, num_splits);
@@ -202,6 +216,24 @@ void backward(const In& dout, const In& q, const In& k, const In& v, const In& o
   {
     nb::gil_scoped_release release;
     status = fa_backward(&p, &e);
+  }
+  if (status != FA_OK) raise_status(status);
+}
+
+// fa_quantize_fp8: x (B, S, H, D) -> out (8-bit storage of e4m3), descale (B, H).
+void quantize_fp8(const In& x, const Out& out, const Out& descale, bool hadamard, uint64_t seed, uintptr_t stream) {
+  fa_quantize_params p{};
+  p.x = view("x", x);
+  p.out = view("out", out, true);
+  p.descale = view("descale", descale);
+  p.hadamard = hadamard ? 1 : 0;
+  p.seed = seed;
+  fa_exec e = fa_exec_default();
+  e.stream = reinterpret_cast<void*>(stream);
+  fa_status status;
+  {
+    nb::gil_scoped_release release;
+    status = fa_quantize_fp8(&p, &e);
   }
   if (status != FA_OK) raise_status(status);
 }
@@ -246,10 +278,16 @@ NB_MODULE(_C, m) {
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
         nb::arg("alibi_slopes").none() = nb::none(), nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(),
         nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("num_splits") = 0,
-        nb::arg("block_table").none() = nb::none(), nb::arg("backend") = int(FA_BACKEND_AUTO),
-        nb::arg("num_threads") = 0, nb::arg("stream") = 0,
+        nb::arg("block_table").none() = nb::none(), nb::arg("fp8") = false, nb::arg("q_descale").none() = nb::none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "fa_forward: writes out (and lse when given). Layouts, semantics and errors as in flashattn.h.\n"
-        "stream is a cudaStream_t as an integer (0 = default stream), ignored for CPU arrays.");
+        "stream is a cudaStream_t as an integer (0 = default stream), ignored for CPU arrays.\n"
+        "fp8: q, k, v are float8_e4m3fn stored as 8-bit integers (exporters without DLPack's float8 code).");
+
+  m.def("quantize_fp8", &quantize_fp8, nb::arg("x"), nb::arg("out"), nb::arg("descale"), nb::kw_only(),
+        nb::arg("hadamard") = false, nb::arg("seed") = 0, nb::arg("stream") = 0,
+        "fa_quantize_fp8: out (8-bit storage of float8_e4m3fn) and descale (B, H) float32 from x (B, S, H, D).");
 
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::kw_only(),

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/hadamard.hpp"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::detail {
@@ -249,6 +250,33 @@ fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim,
   }
   return t;
 }
+
+fa_status fa_quantize_fp8(const fa_quantize_params* params, const fa_exec* exec) {
+  return guarded([&] {
+    g_static_error = nullptr;
+    g_last_error.clear();
+    if (params == nullptr) return record(invalid("params", "null pointer"));
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    QuantizeProblem problem;
+    if (Error e = validate_quantize(*params, &problem); !e.ok()) return record(e);
+    if (problem.device == FA_DEVICE_CPU) {
+      if (x.backend != FA_BACKEND_AUTO && x.backend != FA_BACKEND_CPU)
+        return record(invalid("exec.backend", "a CUDA backend needs CUDA tensors (x is on the CPU)"));
+      if (Error e = quantize_fp8_cpu(problem); !e.ok()) return record(e);
+      return FA_OK;
+    }
+    if (problem.device != FA_DEVICE_CUDA)
+      return record(invalid("x", "unknown device code " + std::to_string(int(problem.device))));
+#ifdef FLASHATTN_WITH_CUDA
+    if (Error e = quantize_fp8_cuda(problem, x.stream); !e.ok()) return record(e);
+    return FA_OK;
+#else
+    return record(unsupported("x: CUDA tensors given but this build of flashattn has no CUDA backend"));
+#endif
+  });
+}
+
+int fa_hadamard_sign(uint64_t seed, int c) { return hadamard_sign(seed, c); }
 
 int fa_cuda_available(void) {
 #ifdef FLASHATTN_WITH_CUDA

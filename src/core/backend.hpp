@@ -28,6 +28,8 @@ struct Backend {
 };
 
 const Backend& cpu_backend();
+// fa_quantize_fp8 on the CPU (src/cpu/quantize.cpp).
+Error quantize_fp8_cpu(const QuantizeProblem& p);
 
 #ifdef FLASHATTN_WITH_CUDA
 // src/cuda/dispatch.cu: the CUDA backend for `requested` (AUTO picks by the device's architecture), or an
@@ -36,6 +38,8 @@ Error select_cuda_backend(fa_backend requested, int device_index, const Backend*
 // Copies a small int32 device tensor (cu_seqlens, seqused_k) to the host, for validation and scheduling.
 Error copy_int32_to_host(const fa_tensor& t, void* stream, std::vector<int32_t>* out);
 bool cuda_device_present();
+// fa_quantize_fp8 on CUDA (src/cuda/quantize_fp8.cu), in stream order.
+Error quantize_fp8_cuda(const QuantizeProblem& p, void* stream);
 #endif
 
 }  // namespace flashattn::detail

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/descale.hpp"
 #include "core/dropout.hpp"
 #include "core/mask_rule.hpp"
 #include "flashattn/flashattn.h"
@@ -36,13 +37,14 @@ struct RowLayout {
 // What a backend can take; the shared validation enforces it so that every backend reports the same way.
 struct Requirements {
   int pointer_alignment_bytes = 0;  // 0: the element size
-  int stride_multiple = 1;          // every non-unit stride a multiple of this many elements
+  int stride_bytes = 0;             // every non-unit stride a multiple of this many bytes (0: no rule)
   bool allows_float32 = true;
   const char* name = "cpu";
 };
 
 struct Problem {
-  fa_dtype dtype = FA_FLOAT32;
+  fa_dtype dtype = FA_FLOAT32;      // of q, k, v
+  fa_dtype out_dtype = FA_FLOAT32;  // of out (and the backward's tensors): dtype, except bfloat16 for FP8 inputs
   fa_device device = FA_DEVICE_CPU;
   int device_index = 0;
   bool varlen = false;
@@ -84,9 +86,12 @@ struct Problem {
   int64_t window_left = -1, window_right = -1;  // causal folded in: window_right == 0
   const float* alibi = nullptr;
   int64_t alibi_batch_stride = 0;
-  const float* sinks = nullptr;  // learnable sink logit per query head (flashattn.h, Semantics)
-  float* dsinks = nullptr;       // backward: their gradient (optional)
-  DropoutRule dropout;           // off unless dropout_p > 0
+  const float* sinks = nullptr;             // learnable sink logit per query head (flashattn.h, Semantics)
+  float* dsinks = nullptr;                  // backward: their gradient (optional)
+  DropoutRule dropout;                      // off unless dropout_p > 0
+  Descale q_descale, k_descale, v_descale;  // FP8 only
+
+  bool fp8() const { return dtype == FA_FLOAT8_E4M3; }
 
   int64_t group() const { return heads_q / heads_kv; }
   int64_t q_start(int64_t b) const { return varlen ? host_cu_q[b] : 0; }
@@ -125,6 +130,23 @@ inline int64_t mask_offset(const Problem& p, int64_t len_q, int64_t len_k) {
 inline KeyRange visible_keys(const Problem& p, int64_t i, int64_t len_q, int64_t len_k) {
   return mask_rule(p, len_q, len_k).visible(i);
 }
+
+// fa_quantize_fp8 (flashattn.h), validated: x (B, S, H, D) -> out e4m3 (B, S, H, D), descale (B, H).
+struct QuantizeProblem {
+  fa_dtype dtype = FA_FLOAT32;  // of x
+  fa_device device = FA_DEVICE_CPU;
+  int device_index = 0;
+  int64_t batch = 0, seqlen = 0, heads = 0, dim = 0;
+  const void* x = nullptr;
+  uint8_t* out = nullptr;
+  float* descale = nullptr;
+  int64_t x_batch = 0, x_row = 0, x_head = 0;  // element strides (the last one is 1)
+  int64_t out_batch = 0, out_row = 0, out_head = 0;
+  int64_t descale_batch = 0, descale_head = 0;
+  bool hadamard = false;
+  uint64_t seed = 0;
+};
+Error validate_quantize(const fa_quantize_params& params, QuantizeProblem* problem);
 
 enum class Direction { kForward, kBackward };
 

@@ -23,7 +23,7 @@ constexpr int64_t kHeadDimMultiple = 8;
 // Batch, heads and sequence lengths are int32 in the kernels (and cu_seqlens are int32 anyway).
 constexpr int64_t kMaxCount = (int64_t(1) << 31) - 1;
 
-int64_t elem_size(fa_dtype t) { return t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : 4; }
+int64_t elem_size(fa_dtype t) { return int64_t(dtype_size(t)); }
 
 std::string shape_str(const fa_tensor& t) {
   std::ostringstream s;
@@ -42,7 +42,9 @@ std::string shape_str(std::initializer_list<int64_t> dims) {
   return s.str();
 }
 
-bool known_dtype(fa_dtype t) { return t == FA_FLOAT32 || t == FA_FLOAT16 || t == FA_BFLOAT16 || t == FA_INT32; }
+bool known_dtype(fa_dtype t) {
+  return t == FA_FLOAT32 || t == FA_FLOAT16 || t == FA_BFLOAT16 || t == FA_INT32 || t == FA_FLOAT8_E4M3;
+}
 
 std::string strides_str(const fa_tensor& t) {
   std::ostringstream s;
@@ -107,12 +109,14 @@ Error check_tensor(const char* name, const fa_tensor& t, int ndim, const fa_tens
   if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(align) != 0)
     return invalid(
         name, "data pointer must be aligned to " + std::to_string(align) + " bytes for the " + req.name + " backend");
-  if (unit_last && req.stride_multiple > 1) {
+  const int64_t stride_multiple =
+      req.stride_bytes > 1 ? std::max<int64_t>(1, req.stride_bytes / elem_size(t.dtype)) : 1;
+  if (unit_last && stride_multiple > 1) {
     for (int i = 0; i < ndim - 1; ++i)
-      if (t.shape[i] > 1 && t.stride[i] % req.stride_multiple != 0)
+      if (t.shape[i] > 1 && t.stride[i] % stride_multiple != 0)
         return invalid(name, "stride of dimension " + std::to_string(i) + " must be a multiple of " +
-                                 std::to_string(req.stride_multiple) + " elements for the " + req.name +
-                                 " backend (got " + std::to_string(t.stride[i]) + ")");
+                                 std::to_string(stride_multiple) + " elements for the " + req.name + " backend (got " +
+                                 std::to_string(t.stride[i]) + ")");
   }
   return ok();
 }
@@ -257,8 +261,11 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     return unsupported("block_table: the backward reads contiguous K/V (paged K/V is forward only, as in flash_attn)");
 
   if (Error e = check_tensor("q", a.q, nd, a.q, true, req); !e.ok()) return e;
-  if (a.q.dtype != FA_FLOAT32 && a.q.dtype != FA_FLOAT16 && a.q.dtype != FA_BFLOAT16)
-    return invalid("q", std::string("dtype must be float32, float16 or bfloat16 (got ") + dtype_name(a.q.dtype) + ")");
+  if (a.q.dtype != FA_FLOAT32 && a.q.dtype != FA_FLOAT16 && a.q.dtype != FA_BFLOAT16 && a.q.dtype != FA_FLOAT8_E4M3)
+    return invalid("q", std::string("dtype must be float32, float16, bfloat16 or float8_e4m3fn (got ") +
+                            dtype_name(a.q.dtype) + ")");
+  if (a.q.dtype == FA_FLOAT8_E4M3 && dir == Direction::kBackward)
+    return unsupported("q: float8_e4m3fn is forward only (as in FlashAttention-3): no backward");
   if (a.q.dtype == FA_FLOAT32 && !req.allows_float32)
     return unsupported(std::string("q: dtype float32 is not supported by the ") + req.name +
                        " backend (use float16 or bfloat16)");
@@ -268,6 +275,7 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   if (Error e = check_dtype("v", a.v, a.q.dtype, "(same as q)"); !e.ok()) return e;
 
   p->dtype = a.q.dtype;
+  p->out_dtype = p->fp8() ? FA_BFLOAT16 : p->dtype;
   p->device = a.q.device;
   p->device_index = a.q.device_index;
   p->varlen = varlen;
@@ -464,11 +472,44 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
     p->sinks = static_cast<const float*>(a.sinks.data);
   }
 
+  // FP8 dequantisation factors.
+  auto check_descale = [&](const char* name, const fa_tensor& t, Descale* d) -> Error {
+    if (t.data == nullptr) return ok();
+    if (!p->fp8())
+      return invalid(name, "is for float8_e4m3fn q/k/v only (got " + std::string(dtype_name(p->dtype)) + ")");
+    const Requirements plain{0, 0, true, req.name};
+    if (Error e = check_tensor(name, t, 2, a.q, false, plain); !e.ok()) return e;
+    if (Error e = check_dtype(name, t, FA_FLOAT32, "(dequantisation factors)"); !e.ok()) return e;
+    const bool per_q = d == &p->q_descale && t.shape[0] == p->batch && t.shape[1] == p->heads_q;
+    if (!per_q)
+      if (Error e = check_shape(name, t, {p->batch, p->heads_kv}); !e.ok())
+        return d == &p->q_descale
+                   ? invalid(name, "shape must be (batch, heads_kv) = " + shape_str({p->batch, p->heads_kv}) +
+                                       " or (batch, heads_q) = " + shape_str({p->batch, p->heads_q}) + " (got " +
+                                       shape_str(t) + ")")
+                   : e;
+    *d = Descale{static_cast<const float*>(t.data), t.stride[0], t.stride[1],
+                 d == &p->q_descale && !per_q ? p->group() : 1};
+    if (t.device == FA_DEVICE_CPU)  // CUDA factors are not read on the host (no synchronisation)
+      for (int64_t b = 0; b < t.shape[0]; ++b)
+        for (int64_t h = 0; h < t.shape[1]; ++h) {
+          const float f = d->data[b * d->batch + h * d->head];
+          if (!(f >= 0.f) || !std::isfinite(f))
+            return invalid(name, "entries must be finite and >= 0 (entry (" + std::to_string(b) + ", " +
+                                     std::to_string(h) + ") is " + std::to_string(f) + ")");
+        }
+    return ok();
+  };
+  if (Error e = check_descale("q_descale", a.q_descale, &p->q_descale); !e.ok()) return e;
+  if (Error e = check_descale("k_descale", a.k_descale, &p->k_descale); !e.ok()) return e;
+  if (Error e = check_descale("v_descale", a.v_descale, &p->v_descale); !e.ok()) return e;
+
   // Outputs.
   const int64_t rows_q = varlen ? p->total_q : p->seqlen_q;
   auto check_q_shaped = [&](const char* name, const fa_tensor& t, int64_t dim) -> Error {
     if (Error e = check_tensor(name, t, nd, a.q, true, req); !e.ok()) return e;
-    if (Error e = check_dtype(name, t, p->dtype, "(same as q)"); !e.ok()) return e;
+    if (Error e = check_dtype(name, t, p->out_dtype, p->fp8() ? "(float8_e4m3fn inputs)" : "(same as q)"); !e.ok())
+      return e;
     return varlen ? check_shape(name, t, {rows_q, p->heads_q, dim})
                   : check_shape(name, t, {p->batch, rows_q, p->heads_q, dim});
   };
@@ -540,7 +581,10 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
                          {"seqused_k", &a.seqused_k},
                          {"alibi_slopes", &a.alibi_slopes},
                          {"sinks", &a.sinks},
-                         {"block_table", &a.block_table}})
+                         {"block_table", &a.block_table},
+                         {"q_descale", &a.q_descale},
+                         {"k_descale", &a.k_descale},
+                         {"v_descale", &a.v_descale}})
     if (t->data != nullptr) inputs.push_back({name, t});
   if (dir == Direction::kForward) {
     outputs.push_back({"out", &out});
@@ -570,6 +614,58 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
         return invalid(written[i].name, std::string("must not overlap ") + r.name +
                                             " in memory (outputs may share no memory with each other or with inputs)");
   }
+  return ok();
+}
+
+Error validate_quantize(const fa_quantize_params& a, QuantizeProblem* p) {
+  *p = QuantizeProblem{};
+  const Requirements plain{0, 0, true, "quantize"};
+  if (Error e = check_tensor("x", a.x, 4, a.x, true, plain); !e.ok()) return e;
+  if (a.x.dtype != FA_FLOAT32 && a.x.dtype != FA_FLOAT16 && a.x.dtype != FA_BFLOAT16)
+    return invalid("x", std::string("dtype must be float32, float16 or bfloat16 (got ") + dtype_name(a.x.dtype) + ")");
+  for (const auto& [name, t] : {std::pair<const char*, const fa_tensor*>{"out", &a.out}, {"descale", &a.descale}})
+    if (t->device != a.x.device || t->device_index != a.x.device_index)
+      return invalid(name, "must be on the same device as x");
+  if (Error e = check_tensor("out", a.out, 4, a.x, true, plain); !e.ok()) return e;
+  if (Error e = check_dtype("out", a.out, FA_FLOAT8_E4M3, "(the quantised x)"); !e.ok()) return e;
+  if (Error e = check_shape("out", a.out, {a.x.shape[0], a.x.shape[1], a.x.shape[2], a.x.shape[3]}); !e.ok()) return e;
+  if (Error e = check_tensor("descale", a.descale, 2, a.x, false, plain); !e.ok()) return e;
+  if (Error e = check_dtype("descale", a.descale, FA_FLOAT32, "(one factor per (batch, head))"); !e.ok()) return e;
+  if (Error e = check_shape("descale", a.descale, {a.x.shape[0], a.x.shape[2]}); !e.ok()) return e;
+  const int64_t d = a.x.shape[3];
+  if (a.hadamard != 0 && a.hadamard != 1) return invalid("hadamard", "must be 0 or 1");
+  if (a.hadamard && (d < 1 || d > kMaxHeadDim || (d & (d - 1)) != 0))
+    return invalid("hadamard", "needs a head dim (x's last dimension) that is a power of two in [1, 256] (got " +
+                                   std::to_string(d) + ")");
+  if (a.x.shape[0] > kMaxCount || a.x.shape[1] > kMaxCount || a.x.shape[2] > kMaxCount)
+    return invalid("x", "batch, sequence length and heads must each be at most 2^31 - 1");
+  std::vector<Footprint> written;
+  for (const auto& [name, t] : {std::pair<const char*, const fa_tensor*>{"out", &a.out}, {"descale", &a.descale}}) {
+    if (numel(*t) == 0) continue;
+    if (self_overlapping(*t))
+      return invalid(name, "elements overlap in memory (strides " + strides_str(*t) + " for shape " + shape_str(*t) +
+                               "); an output needs its own memory for every element");
+    const Footprint f = footprint_of(name, *t);
+    if (numel(a.x) != 0 && may_overlap(footprint_of("x", a.x), f)) return invalid(name, "must not overlap x in memory");
+    for (const Footprint& w : written)
+      if (may_overlap(w, f)) return invalid(name, std::string("must not overlap ") + w.name + " in memory");
+    written.push_back(f);
+  }
+  p->dtype = a.x.dtype;
+  p->device = a.x.device;
+  p->device_index = a.x.device_index;
+  p->batch = a.x.shape[0];
+  p->seqlen = a.x.shape[1];
+  p->heads = a.x.shape[2];
+  p->dim = d;
+  p->x = a.x.data;
+  p->out = static_cast<uint8_t*>(a.out.data);
+  p->descale = static_cast<float*>(a.descale.data);
+  p->x_batch = a.x.stride[0], p->x_row = a.x.stride[1], p->x_head = a.x.stride[2];
+  p->out_batch = a.out.stride[0], p->out_row = a.out.stride[1], p->out_head = a.out.stride[2];
+  p->descale_batch = a.descale.stride[0], p->descale_head = a.descale.stride[1];
+  p->hadamard = a.hadamard != 0;
+  p->seed = a.seed;
   return ok();
 }
 

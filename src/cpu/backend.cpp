@@ -1,8 +1,10 @@
 // The CPU backend: picks the kernels build for this processor's vector width and reports tile shapes.
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "core/backend.hpp"
+#include "cpu/numeric.hpp"
 #include "cpu/tiles.hpp"
 
 namespace flashattn::cpu {
@@ -67,8 +69,70 @@ detail::Error check_lengths(const detail::Problem& p) {
   return detail::ok();
 }
 
+// FP8 (flashattn.h): q, k and v dequantised into contiguous float32 copies (each e4m3 value times its factor,
+// one rounding), the float32 kernels on those, and out rounded to bfloat16. Paged K/V is gathered through the
+// block table, so that a page two sequences share gets each sequence's factor. The probabilities stay fp32: the
+// CPU computes what the GPU kernel approximates.
+detail::Error forward_fp8(const detail::Problem& p, int threads) {
+  detail::Problem f = p;
+  f.dtype = f.out_dtype = FA_FLOAT32;
+  f.q_descale = f.k_descale = f.v_descale = detail::Descale{};
+  f.block_table = nullptr;
+  f.page_size = f.num_pages = f.max_pages = f.block_table_stride = 0;
+  const int64_t rows_k = p.varlen ? p.total_k : p.batch * p.seqlen_k;
+  f.total_k = rows_k;
+  // Contiguous (rows, heads, dim) copies; batched rows of batch entry b start at b * seqlen.
+  auto layout = [&](int64_t heads, int64_t dim, int64_t seqlen, bool by_key) {
+    detail::RowLayout l;
+    l.row = heads * dim;
+    l.head = dim;
+    l.batch = p.varlen ? 0 : seqlen * heads * dim;
+    l.by_key = by_key;
+    return l;
+  };
+  f.q_layout = layout(p.heads_q, p.head_dim, p.seqlen_q, false);
+  f.k_layout = layout(p.heads_kv, p.head_dim, p.seqlen_k, true);
+  f.v_layout = layout(p.heads_kv, p.head_dim_v, p.seqlen_k, true);
+  f.out_layout = layout(p.heads_q, p.head_dim_v, p.seqlen_q, false);
+  std::vector<float> q(size_t(p.total_q * p.heads_q * p.head_dim)), k(size_t(rows_k * p.heads_kv * p.head_dim)),
+      v(size_t(rows_k * p.heads_kv * p.head_dim_v)), out(size_t(p.total_q * p.heads_q * p.head_dim_v));
+  auto dequantise = [&](const void* src, const detail::RowLayout& from, const detail::RowLayout& to,
+                        const detail::Descale& d, float* dst, int64_t heads, int64_t dim, bool keys) {
+    const uint8_t* x = static_cast<const uint8_t*>(src);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      // Keys past a sequence's length (or seqused_k) are never read by the kernels: not copied.
+      const int64_t rows = keys ? p.len_k(b) : p.len_q(b);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < heads; ++h) {
+          const float factor = d.at(b, h);
+          const uint8_t* in = x + p.offset(from, b, r, h);
+          float* o = dst + f.offset(to, b, r, h);
+          for (int64_t c = 0; c < dim; ++c) o[c] = e4m3_to_float(in[c]) * factor;
+        }
+    }
+  };
+  dequantise(p.q, p.q_layout, f.q_layout, p.q_descale, q.data(), p.heads_q, p.head_dim, false);
+  dequantise(p.k, p.k_layout, f.k_layout, p.k_descale, k.data(), p.heads_kv, p.head_dim, true);
+  dequantise(p.v, p.v_layout, f.v_layout, p.v_descale, v.data(), p.heads_kv, p.head_dim_v, true);
+  f.q = q.data();
+  f.k = k.data();
+  f.v = v.data();
+  f.out = out.data();
+  if (detail::Error e = kernels().forward(f, threads); !e.ok()) return e;
+  uint16_t* o = static_cast<uint16_t*>(p.out);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t r = 0; r < p.len_q(b); ++r)
+      for (int64_t h = 0; h < p.heads_q; ++h) {
+        const float* in = out.data() + f.offset(f.out_layout, b, r, h);
+        uint16_t* dst = o + p.offset(p.out_layout, b, r, h);
+        for (int64_t c = 0; c < p.head_dim_v; ++c) dst[c] = float_to_bf16(in[c]);
+      }
+  return detail::ok();
+}
+
 detail::Error forward(const detail::Problem& p, const fa_exec& e) {
   if (detail::Error err = check_lengths(p); !err.ok()) return err;
+  if (p.fp8()) return forward_fp8(p, e.num_threads);
   return kernels().forward(p, e.num_threads);
 }
 detail::Error backward(const detail::Problem& p, const fa_exec& e) {

@@ -60,6 +60,35 @@ inline uint16_t float_to_fp16(float f) {
   return uint16_t(sign | uint16_t(((r >> 13) - (112u << 10)) & 0x7fffu));
 }
 
+// OCP e4m3fn (flashattn.h): bias 7, 3 mantissa bits, subnormals 2^-9 apart, max 448, NaN 0x7f / 0xff, no inf.
+inline float e4m3_to_float(uint8_t x) {
+  const uint32_t e = (x >> 3) & 0xfu, m = x & 7u;
+  float v;
+  if (e == 0xfu && m == 7u)
+    v = std::numeric_limits<float>::quiet_NaN();
+  else if (e == 0)
+    v = float(m) * 0x1p-9f;
+  else
+    v = bits_to_float(((e + 120u) << 23) | (m << 20));  // 2^(e - 7) * (1 + m / 8)
+  return (x & 0x80u) ? -v : v;
+}
+
+// Round to nearest even, saturating at +-448 (cvt.rn.satfinite); NaN -> 0x7f with the sign.
+inline uint8_t float_to_e4m3(float f) {
+  const uint32_t u = float_to_bits(f);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);
+  if (a >= 0x43e00000u) return uint8_t(sign | 0x7eu);          // >= 448 (and inf): the largest finite value
+  if (a < 0x3c800000u) {                                       // below 2^-6: subnormal steps of 2^-9
+    const float q = std::nearbyint(bits_to_float(a) * 512.f);  // current rounding mode: nearest even
+    return uint8_t(sign | uint8_t(q));                         // q = 8 is the smallest normal's code
+  }
+  const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);  // mantissa to 3 bits, nearest even
+  const uint32_t code = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
+  return uint8_t(sign | (code > 0x7eu ? 0x7eu : code));
+}
+
 template <fa_dtype T>
 struct Storage;
 template <>

@@ -14,7 +14,13 @@ using detail::Problem;
 double load(const Problem& p, const void* base, const detail::RowLayout& l, int64_t b, int64_t r, int64_t h,
             int64_t c) {
   const int64_t off = p.offset(l, b, r, h) + c;
-  switch (p.dtype) {
+  // FP8: the stored value times its tensor's factor (q, k and v only; the backward's tensors are never FP8).
+  if (p.fp8() && (base == p.q || base == p.k || base == p.v)) {
+    const detail::Descale& d = base == p.q ? p.q_descale : base == p.k ? p.k_descale : p.v_descale;
+    return double(cpu::e4m3_to_float(static_cast<const uint8_t*>(base)[off])) * double(d.at(b, h));
+  }
+  const fa_dtype dtype = base == p.q || base == p.k || base == p.v ? p.dtype : p.out_dtype;
+  switch (dtype) {
     case FA_FLOAT32: return static_cast<const float*>(base)[off];
     case FA_FLOAT16: return cpu::fp16_to_float(static_cast<const uint16_t*>(base)[off]);
     case FA_BFLOAT16: return cpu::bf16_to_float(static_cast<const uint16_t*>(base)[off]);
@@ -33,6 +39,7 @@ double abs_diff(double a, double b) {
 double storage_eps(fa_dtype t) {
   switch (t) {
     case FA_BFLOAT16: return 0x1p-7;
+    case FA_FLOAT8_E4M3: return 0x1p-7;  // FP8 inputs write bfloat16
     case FA_FLOAT16: return 0x1p-10;
     // fp32 output: the floor covers fp32 accumulation over long rows, far below any real defect.
     default: return 1e-6;
@@ -81,7 +88,8 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 double round_storage(fa_dtype t, double x) {
   switch (t) {
     case FA_FLOAT16: return cpu::round_to<FA_FLOAT16>(float(x));
-    case FA_BFLOAT16: return cpu::round_to<FA_BFLOAT16>(float(x));
+    case FA_BFLOAT16:
+    case FA_FLOAT8_E4M3: return cpu::round_to<FA_BFLOAT16>(float(x));  // FP8: scores and out as bfloat16
     default: return double(float(x));
   }
 }
@@ -156,13 +164,21 @@ void forward_row(const Problem& p, Rounding rounding, int64_t b, int64_t h, int6
   const Rounder rnd{p.dtype, rounding == Rounding::kStorage};
   std::vector<double> s, th;
   logits(p, rnd, b, h, i, &s, &th);
+  double m = p.sink(h);
+  for (double x : s) m = std::max(m, x);
   *lse = softmax(&s, p.sink(h));
   for (size_t j = 0; j < s.size(); ++j) s[j] *= p.dropout.factor(b, p.heads_q, h, i, int64_t(j));
+  // FP8's plain implementation (FlashAttention-3's): each probability relative to the row's maximum, e^(s - m) in
+  // [0, 1], rounded to e4m3 for the P.V product, then normalised. (Normalised probabilities of a long row would
+  // mostly fall below e4m3's subnormals.)
+  const bool fp8_probs = rnd.on && p.fp8() && std::isfinite(m) && std::isfinite(*lse);
+  for (double& x : s)
+    x = fp8_probs ? double(cpu::e4m3_to_float(cpu::float_to_e4m3(float(x * std::exp(*lse - m))))) * std::exp(m - *lse)
+                  : rnd(x);
   const int64_t hk = h / p.group();
   for (int64_t c = 0; c < p.head_dim_v; ++c) {
     double acc = 0;
-    for (size_t j = 0; j < s.size(); ++j)
-      acc = rnd.add(acc, rnd(s[j]) * load(p, p.v, p.v_layout, b, int64_t(j), hk, c));
+    for (size_t j = 0; j < s.size(); ++j) acc = rnd.add(acc, s[j] * load(p, p.v, p.v_layout, b, int64_t(j), hk, c));
     out_row[c] = rnd(acc);
   }
 }

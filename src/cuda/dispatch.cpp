@@ -144,16 +144,16 @@ detail::Error plan_info(const detail::Problem& p, const fa_exec& exec, detail::D
   return detail::ok();
 }
 
-// 16-byte pointers and strides in multiples of 8 elements: every row of a tile starts on a 16-byte boundary, so
-// the sm80 kernels move whole 128-bit vectors (cp.async 16 B) without alignment checks, and TMA (sm90) needs
-// 16-byte strides as well. Both backends need the same, since either may run the sm80 kernels.
+// 16-byte pointers and strides in multiples of 16 bytes (8 fp16/bf16 elements, 16 fp8 ones): every row of a tile
+// starts on a 16-byte boundary, so the sm80 kernels move whole 128-bit vectors (cp.async 16 B) without alignment
+// checks, and TMA (sm90) needs 16-byte strides as well. Both backends need the same, since either may run the sm80
+// kernels.
 constexpr int kVectorBytes = 16;
-constexpr int kVectorElems = kVectorBytes / 2;  // fp16/bf16 only
 
 template <Family kFamily>
 const detail::Backend& make_backend() {
   static const detail::Backend b{
-      family_name(kFamily), detail::Requirements{kVectorBytes, kVectorElems, false, family_name(kFamily)},
+      family_name(kFamily), detail::Requirements{kVectorBytes, kVectorBytes, false, family_name(kFamily)},
       forward<kFamily>,     backward<kFamily>,
       tile_shape<kFamily>,  plan_info<kFamily>};
   return b;

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/descale.hpp"
 #include "core/dropout.hpp"
 #include "flashattn/flashattn.h"
 
@@ -70,6 +71,14 @@ struct FwdParams {
   float* lse_partial = nullptr;  // [split][head][row]
   float* o_partial = nullptr;    // [split][head][row][head_dim_v]
   int64_t partial_rows = 0;      // rows of the partials: batch * seqlen_q (batched) or total_q (varlen)
+
+  // FP8 (sm90): the inputs' dequantisation factors (detail::Descale: factor of head h of batch entry b at
+  // b * batch + (h / head_div) * head; null: 1), and V transposed into the plan's workspace by the launch
+  // (sm90/fp8_v_transpose.cu): v_t[b][kv head][column][key], v_t_keys keys per row (a multiple of 16), the keys of
+  // each 16 permuted as the P operand's registers hold them (fwd_traits.cuh, Fp8Operands).
+  detail::Descale q_descale, k_descale, v_descale;
+  void* v_t = nullptr;
+  int64_t v_t_keys = 0;
 };
 
 }  // namespace flashattn::cuda

@@ -102,6 +102,9 @@ FwdParams make_fwd_params(const detail::Problem& p) {
   k.alibi_batch_stride = p.alibi_batch_stride;
   k.sinks = p.sinks;
   k.dropout = p.dropout;
+  k.q_descale = p.q_descale;
+  k.k_descale = p.k_descale;
+  k.v_descale = p.v_descale;
   return k;
 }
 

@@ -105,6 +105,13 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
            ", head_dim_v " + std::to_string(p.head_dim_v) + (needs_score_mods(p) ? " and softcap/ALiBi" : "") +
            " in this build (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
   if (p.dropout.on) return "dropout_p: the cuda-sm90 forward has no dropout yet (FA_BACKEND_AUTO runs it on cuda-sm80)";
+  if (p.fp8() && (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0))
+    return "q: the cuda-sm90 FP8 forward needs head_dim and head_dim_v multiples of 16 (got " +
+           std::to_string(p.head_dim) + ", " + std::to_string(p.head_dim_v) + ")";
+  if (p.fp8() && p.varlen)
+    return "cu_seqlens_q: the cuda-sm90 FP8 forward takes batched calls only so far (the CPU backend takes varlen FP8)";
+  if (p.fp8() && p.paged())
+    return "block_table: the cuda-sm90 FP8 forward reads contiguous K/V only so far (the CPU backend takes paged FP8)";
   return sm90_tma_unfit(p);
 }
 
@@ -137,8 +144,9 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // is full and each K/V block is read once per group instead of once per query head. Not with ALiBi (a slope
   // per head inside one tile). Packed tiles take the causal/window tiles.
   const sm90::FwdTiles windowed_tiles = sm90::fwd_tiles(instance.head_dim, true);
-  f.pack_gqa = p.group() > 1 && p.seqlen_q < windowed_tiles.block_q() && p.alibi == nullptr;
-  const sm90::FwdTiles t = sm90::fwd_tiles(instance.head_dim, f.windowed || f.pack_gqa);
+  // Not for FP8 yet: its packed Q gather is not written.
+  f.pack_gqa = p.group() > 1 && p.seqlen_q < windowed_tiles.block_q() && p.alibi == nullptr && !p.fp8();
+  const sm90::FwdTiles t = sm90::fwd_tiles(instance.head_dim, f.windowed || f.pack_gqa, p.fp8());
   f.block_q = t.block_q();
   f.block_k = t.block_k;
   f.warps = t.consumer_warpgroups;
@@ -153,7 +161,7 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   f.num_splits = kv_splits(p, f, exec.num_splits, dev.sms);
   f.grid = int(std::min<int64_t>(f.tiles * f.num_splits, dev.sms));  // one CTA per SM (most of shared memory)
   // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
-  const int64_t elem = 2;
+  const int64_t elem = int64_t(flashattn::dtype_size(p.dtype));
   const int64_t kv_bytes = std::max<int64_t>(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * elem;
   f.section_heads =
       int(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(tile_heads * p.batch, 1)));
@@ -167,6 +175,13 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   if (f.num_splits > 1) {
     f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);
     f.workspace_bytes = f.split.bytes;
+  }
+  // FP8: the P.V wgmma reads V K-major (keys contiguous), so the launch first writes V transposed after the rest
+  // of the workspace, 16-key aligned rows (FwdParams::v_t).
+  if (p.fp8()) {
+    f.v_t_keys = (std::max<int64_t>(p.seqlen_k, 1) + 15) / 16 * 16;
+    f.v_t_offset = (f.workspace_bytes + SplitWorkspace::kAlign) / SplitWorkspace::kAlign * SplitWorkspace::kAlign;
+    f.workspace_bytes = f.v_t_offset + p.batch * p.heads_kv * p.head_dim_v * f.v_t_keys;
   }
   return detail::ok();
 }
@@ -238,12 +253,16 @@ detail::Error plan_forward(const detail::Problem& p, const fa_exec& exec, Family
     const std::string unfit = sm90_unfit(p, &instance);
     if (unfit.empty())
       return p.paged() && !sm90_reads_pages(p) ? gathered(selected) : plan_sm90(p, exec, instance, plan);
-    if (exec.backend == FA_BACKEND_CUDA_SM90) return detail::unsupported(unfit);
+    if (exec.backend == FA_BACKEND_CUDA_SM90 || p.fp8()) return detail::unsupported(unfit);
 #else
     if (exec.backend == FA_BACKEND_CUDA_SM90)
       return detail::unsupported("exec.backend: this build of flashattn has no cuda-sm90 kernels");
 #endif
   }
+  if (p.fp8())
+    return detail::unsupported(
+        "q: float8_e4m3fn inputs run on the cuda-sm90 backend only (a compute capability 9.0 GPU and a build with "
+        "90a in FLASHATTN_CUDA_ARCHS); the CPU backend takes them too");
   if (p.paged()) return gathered(Family::kSm80);
   return plan_sm80(p, plan);
 }

@@ -73,6 +73,8 @@ struct FwdPlan {
   SplitWorkspace split;   // num_splits > 1: where the partials live in the workspace
   PagedLoad paged = PagedLoad::kNone;
   int64_t gather_bytes = 0;     // kGather: bytes of the K and V copies at the workspace's start (kernel's after)
+  int64_t v_t_offset = 0;       // FP8 (sm90): where V transposed lives in the workspace (FwdParams::v_t)
+  int64_t v_t_keys = 0;         //   and its keys per row
   int64_t workspace_bytes = 0;  // device workspace the launch needs (gathered K/V, tile counter, split-KV partials)
 };
 

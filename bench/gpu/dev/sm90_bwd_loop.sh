@@ -4,7 +4,8 @@
 # compute-sanitizer memcheck/racecheck on the sm90 backward's sanitizer cases, then bwd_vs_cudnn.py.
 # usage: bench/gpu/dev/sm90_bwd_loop.sh OUTDIR [gtest filter]
 # DEV_HDIMS: the sm90 head dims (default "64;128"); DEV_SAN_FILTER: the sanitizers' gtest filter; DEV_PYTHON=OFF:
-# no Python extension and no benchmark (a C++-only check, e.g. of the forward's load paths); DEV_TARGET: build only it.
+# no Python extension and no benchmark (a C++-only check, e.g. of the forward's load paths); DEV_TARGET: build only it;
+# DEV_BWD_BENCH=0: no backward benchmark.
 set -uo pipefail
 OUT=$1; FILTER=${2:-'*Backward*'}
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -57,4 +58,5 @@ if [[ -n ${DEV_BWD_NCU:-} ]]; then  # e.g. DEV_BWD_NCU="d128c4096 d64n4096": one
   ncu -i "$OUT/bwd_ncu.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_source.csv" 2>&1
   grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued|No Eligible" "$OUT/ncu_details.txt" | head -20
 fi
+[[ ${DEV_BWD_BENCH:-1} == 1 ]] || exit 0  # DEV_BWD_BENCH=0: the package only (another loop's benchmark follows)
 PYTHONPATH=$PYROOT timeout ${DEV_BWD_BENCH_S:-150} "$PY" "$REPO/bench/gpu/dev/bwd_vs_cudnn.py" --csv "$OUT/bwd_dev.csv" ${DEV_BWD_BENCH_ARGS:-} >"$OUT/bwd_dev.log" 2>&1; tail -60 "$OUT/bwd_dev.log"

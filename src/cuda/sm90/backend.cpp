@@ -127,12 +127,18 @@ detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* w
     params.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.split.o_offset);
     params.partial_rows = p.varlen ? p.total_q : p.batch * p.seqlen_q;
   }
+  if (plan.v_t_keys > 0) {  // FP8: V transposed into the workspace first (fp8_v_transpose.cu)
+    params.v_t = static_cast<char*>(workspace) + plan.v_t_offset;
+    params.v_t_keys = plan.v_t_keys;
+    if (cudaError_t e = launch_fp8_v_transpose(params, stream); e != cudaSuccess)
+      return runtime_error("cuda-sm90 FP8 V transpose kernel launch", e);
+  }
   Launch launch = ablation_launch(p, plan);
   if (launch == nullptr) launch = kFwdKernels[plan.instance].launch;
   if (cudaError_t e = launch(params, plan, static_cast<int*>(workspace), stream); e != cudaSuccess)
     return runtime_error("cuda-sm90 forward kernel launch", e);
   if (plan.num_splits > 1)
-    if (cudaError_t e = launch_split_combine(params, p.dtype, stream); e != cudaSuccess)
+    if (cudaError_t e = launch_split_combine(params, p.out_dtype, stream); e != cudaSuccess)
       return runtime_error("cuda-sm90 split-KV combine kernel launch", e);
   return detail::ok();
 }

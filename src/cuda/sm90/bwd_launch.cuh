@@ -18,14 +18,14 @@ cudaError_t launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
   const int batch = varlen ? 1 : p.batch;
   BwdKernelParams<Traits> kp;
   kp.p = p;
-  auto mQ = gmem_tensor<Traits>(static_cast<const Element*>(p.q), p.tensor_rows_q, p.head_dim, p.heads_q, batch,
-                                p.q_row, p.q_head, p.q_batch);
-  auto mdO = gmem_tensor<Traits>(static_cast<const Element*>(p.dout), p.tensor_rows_q, p.head_dim_v, p.heads_q, batch,
-                                 p.do_row, p.do_head, p.do_batch);
-  auto mK = gmem_tensor<Traits>(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, p.heads_kv, batch,
-                                p.k_row, p.k_head, p.k_batch);
-  auto mV = gmem_tensor<Traits>(static_cast<const Element*>(p.v), p.tensor_rows_k, p.head_dim_v, p.heads_kv, batch,
-                                p.v_row, p.v_head, p.v_batch);
+  auto mQ = gmem_tensor(static_cast<const Element*>(p.q), p.tensor_rows_q, p.head_dim, p.heads_q, batch, p.q_row,
+                        p.q_head, p.q_batch);
+  auto mdO = gmem_tensor(static_cast<const Element*>(p.dout), p.tensor_rows_q, p.head_dim_v, p.heads_q, batch, p.do_row,
+                         p.do_head, p.do_batch);
+  auto mK = gmem_tensor(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, p.heads_kv, batch, p.k_row,
+                        p.k_head, p.k_batch);
+  auto mV = gmem_tensor(static_cast<const Element*>(p.v), p.tensor_rows_k, p.head_dim_v, p.heads_kv, batch, p.v_row,
+                        p.v_head, p.v_batch);
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Traits::SmemLayoutQ{}),
                            Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
   kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Traits::SmemLayoutQ{}),

@@ -15,7 +15,7 @@ namespace flashattn::cuda::sm90 {
 template <class Traits, class Opts>
 struct FwdEpilogue {
   static constexpr bool kPackGQA = Opts::kPackGQA;
-  using Element = typename Traits::Element;
+  using Element = typename Traits::OutElement;  // of O (bfloat16 for FP8 inputs)
   using Mech = typename Traits::Mech;
   using Tile = FwdTile<Traits, Opts>;
   static constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kWGs = Traits::kConsumerWGs;
@@ -95,8 +95,8 @@ struct FwdEpilogue {
     const int head0 = tile.head0(p);
     typename Traits::TiledMmaPV mma_pv;
     Tensor cO_rc = acc_coords(tid);
-    Tensor sO =
-        make_tensor(make_smem_ptr(Traits::kSeparateO ? ss.o.data() : ss.q.data()), typename Traits::SmemLayoutO{});
+    Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? ss.o.data() : reinterpret_cast<Element*>(ss.q.data())),
+                            typename Traits::SmemLayoutO{});
     Tensor sOw = sO(_, _, wg);
     Tensor out_frag = convert_fragment<Element>(tOrO);
 

@@ -94,16 +94,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     if (idx >= sched.count()) break;
     const Tile tile(p, sched.tile(idx));
 
+    // FP8's dequantisation factors of the tile's head (1 for 16-bit inputs, folded away); packed tiles (16-bit only)
+    // have one KV head.
+    const auto factors = Traits::Operands::factors(p, tile.t.batch, tile.head0(p));
     auto tOrO = Mainloop::make_acc_o();
     typename Mainloop::Softmax softmax;
-    mainloop.run(p, tile, tOrO, softmax);
+    mainloop.run(p, tile, tOrO, softmax, p.scale_log2 * factors.qk);
     // Q is no longer read: unless O is staged in Q's space, the producer may load the next tile's Q right away.
     if constexpr (!Epilogue::kOInQSpace) Load::release_q_space();
 
     float lse[Mainloop::kRowsPerThread], sink[Mainloop::kRowsPerThread];
     Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
     Epilogue::row_sinks(p, tile, wg, tid, sink);
-    softmax.finish(o_rc, p.logit_scale, lse, sink);
+    softmax.finish(o_rc, p.logit_scale * factors.qk, lse, sink);
+    Traits::Operands::scale_output(tOrO, factors);
     Epilogue::store(kp, ss, tile, tOrO, lse, wg, tid);
     if constexpr (Epilogue::kOInQSpace) {
       // O lived in this warpgroup's Q rows: the next Q may be loaded once every warpgroup's stores have read it.

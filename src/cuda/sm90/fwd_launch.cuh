@@ -20,10 +20,10 @@ int64_t tma_stride(int64_t stride, int64_t extent) {
   return extent <= 1 && (stride == 0 || stride % kMinStride != 0) ? kMinStride : stride;
 }
 
-template <class Traits, class Ptr>
+template <class Ptr>
 auto gmem_tensor(Ptr ptr, int64_t rows, int dim, int heads, int batch, int64_t row, int64_t head,
                  int64_t batch_stride) {
-  using Element = typename Traits::Element;
+  using Element = std::remove_cv_t<std::remove_pointer_t<Ptr>>;
   return make_tensor(make_gmem_ptr(ptr), make_shape(int32_t(rows), int32_t(dim), int32_t(heads), int32_t(batch)),
                      make_stride(tma_stride<Element>(row, rows), _1{}, tma_stride<Element>(head, heads),
                                  tma_stride<Element>(batch_stride, batch)));
@@ -41,8 +41,10 @@ using FwdVariantOf = std::conditional_t<
 template <class Traits, class Opts>
 cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter, cudaStream_t stream) {
   using Element = typename Traits::Element;
+  using OutElement = typename Traits::OutElement;
   constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kBlockN = Traits::kBlockN;
-  static_assert(Traits::kBlockM == fwd_tiles(kHeadDim, Traits::kWindowed).block_q(), "the plan's block_q");
+  static_assert(Traits::kBlockM == fwd_tiles(kHeadDim, Traits::kWindowed, Traits::kFp8).block_q(),
+                "the plan's block_q");
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch = varlen ? 1 : p.batch;  // varlen: one tensor of total rows; sequences are row offsets
   const int heads_kv = p.heads_q / p.group;
@@ -55,34 +57,41 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
   const int kv_batch = paged ? p.num_pages : batch;
   const bool rows_read = paged && p.paged_box_rows != kBlockN;
   const int64_t kv_rows = rows_read ? std::max<int64_t>(p.tensor_rows_k, kBlockN) : p.tensor_rows_k;
-  auto mQ = gmem_tensor<Traits>(static_cast<const Element*>(p.q), p.tensor_rows_q, p.head_dim, p.heads_q, batch,
-                                p.q_row, p.q_head, p.q_batch);
-  auto mK = gmem_tensor<Traits>(static_cast<const Element*>(p.k), kv_rows, p.head_dim, heads_kv, kv_batch, p.k_row,
-                                p.k_head, p.k_batch);
-  auto mV = gmem_tensor<Traits>(static_cast<const Element*>(p.v), kv_rows, p.head_dim_v, heads_kv, kv_batch, p.v_row,
-                                p.v_head, p.v_batch);
+  auto mQ = gmem_tensor(static_cast<const Element*>(p.q), p.tensor_rows_q, p.head_dim, p.heads_q, batch, p.q_row,
+                        p.q_head, p.q_batch);
+  auto mK = gmem_tensor(static_cast<const Element*>(p.k), kv_rows, p.head_dim, heads_kv, kv_batch, p.k_row, p.k_head,
+                        p.k_batch);
+  // V transposed (FP8): (d, keys, heads, batch) rows of v_t_keys keys, written by the launch's transpose.
+  auto mV = gmem_tensor(static_cast<const Element*>(p.v), kv_rows, p.head_dim_v, heads_kv, kv_batch, p.v_row, p.v_head,
+                        p.v_batch);
+  auto mVt = gmem_tensor(static_cast<const Element*>(p.v_t), p.head_dim_v, int(p.v_t_keys), heads_kv, batch, p.v_t_keys,
+                         p.head_dim_v * p.v_t_keys, heads_kv * p.head_dim_v * p.v_t_keys);
   if (paged && p.paged_box_rows == kPageBoxRows) {
     using Box = Shape<Int<kPageBoxRows>, Int<Traits::kAtomCols>>;
-    auto mKp = gmem_tensor<Traits>(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, heads_kv, kv_batch,
-                                   p.k_row, p.k_head, p.k_batch);
-    auto mVp = gmem_tensor<Traits>(static_cast<const Element*>(p.v), p.tensor_rows_k, p.head_dim_v, heads_kv, kv_batch,
-                                   p.v_row, p.v_head, p.v_batch);
+    auto mKp = gmem_tensor(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, heads_kv, kv_batch, p.k_row,
+                           p.k_head, p.k_batch);
+    auto mVp = gmem_tensor(static_cast<const Element*>(p.v), p.tensor_rows_k, p.head_dim_v, heads_kv, kv_batch, p.v_row,
+                           p.v_head, p.v_batch);
     kp.tma_k_page = make_tma_copy(SM90_TMA_LOAD{}, mKp, typename Traits::SmemLayoutPageBox{}, Box{}, _1{});
     kp.tma_v_page = make_tma_copy(SM90_TMA_LOAD{}, mVp, typename Traits::SmemLayoutPageBox{}, Box{}, _1{});
   }
-  auto mO = gmem_tensor<Traits>(static_cast<Element*>(p.out), p.tensor_rows_q, p.head_dim_v, p.heads_q, batch, p.o_row,
-                                p.o_head, p.o_batch);
+  auto mO = gmem_tensor(static_cast<OutElement*>(p.out), p.tensor_rows_q, p.head_dim_v, p.heads_q, batch, p.o_row,
+                        p.o_head, p.o_batch);
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Traits::SmemLayoutQ{}),
                            Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Traits::SmemLayoutK{}),
                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Traits::SmemLayoutV{}),
-                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  if constexpr (Traits::kVTransposed)
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename Traits::SmemLayoutVt{}),
+                             Shape<Int<kHeadDim>, Int<kBlockN>>{}, _1{});
+  else
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Traits::SmemLayoutV{}),
+                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
   kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, take<0, 2>(typename Traits::SmemLayoutO{}),
                            Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{});
   kp.shape_q = mQ.shape();
   kp.shape_k = mK.shape();
-  kp.shape_v = mV.shape();
+  kp.shape_v = Traits::kVTransposed ? mVt.shape() : mV.shape();
   kp.shape_o = mO.shape();
   if (p.paged_rows) kp.page_size_div = cutlass::FastDivmod(p.page_size);
   kp.num_m_blocks = int(plan.m_blocks);
@@ -111,12 +120,14 @@ cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cu
   using Element = typename ElementOf<kDtype>::type;
   using Windowed = FwdTraits<Element, kHeadDim, true, Mech>;
   using Unpacked = FwdVariantOf<kScoreMods, false>;
-  if constexpr (std::is_same_v<Mech, Mechanisms<>>) {
+  constexpr bool kFp8 = Windowed::kFp8;  // no packed FP8 kernel (plan.cpp)
+  if constexpr (std::is_same_v<Mech, Mechanisms<>> && !kFp8) {
     if (plan.pack_gqa) return launch_kernel<Windowed, FwdVariantOf<kScoreMods, true>>(p, plan, counter, stream);
   }
-  if constexpr (fwd_tiles(kHeadDim, true).block_k != fwd_tiles(kHeadDim, false).block_k ||
-                fwd_tiles(kHeadDim, true).consumer_warpgroups != fwd_tiles(kHeadDim, false).consumer_warpgroups ||
-                fwd_tiles(kHeadDim, true).stages != fwd_tiles(kHeadDim, false).stages) {
+  constexpr FwdTiles kWindowedTiles = fwd_tiles(kHeadDim, true, kFp8), kPlainTiles = fwd_tiles(kHeadDim, false, kFp8);
+  if constexpr (kWindowedTiles.block_k != kPlainTiles.block_k ||
+                kWindowedTiles.consumer_warpgroups != kPlainTiles.consumer_warpgroups ||
+                kWindowedTiles.stages != kPlainTiles.stages) {
     if (!plan.windowed)
       return launch_kernel<FwdTraits<Element, kHeadDim, false, Mech>, Unpacked>(p, plan, counter, stream);
   }

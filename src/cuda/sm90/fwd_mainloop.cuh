@@ -88,7 +88,8 @@ struct FwdMainloop {
       : ss(ss_), pipe_k(k), pipe_v(v), pingpong{wg_}, wg(wg_), tid(tid_) {}
 
   // The tile's key blocks into tOrO (cleared first) and softmax (fresh). Blocks run from the last to the first.
-  __device__ void run(const FwdParams& p, const Tile& tile, AccO& tOrO, Softmax& softmax) {
+  // scale_log2: the logits' factor in base 2 (FwdParams::scale_log2, times the FP8 factors of the tile's head).
+  __device__ void run(const FwdParams& p, const Tile& tile, AccO& tOrO, Softmax& softmax, float scale_log2) {
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(tid);
@@ -128,7 +129,7 @@ struct FwdMainloop {
       } else if (tile.mask.block_needs_mask(m0_wg, kWgRows, n0, kBlockN)) {
         apply_mask(tile.mask, s, cS_rc, m0_wg, n0);
       }
-      const bool rescale = softmax.template exponentiate<decltype(is_first)::value>(s, p.scale_log2, correction);
+      const bool rescale = softmax.template exponentiate<decltype(is_first)::value>(s, scale_log2, correction);
       prob_mod.apply(s, cS_rc, m0_wg, n0);
       return rescale;
     };
@@ -139,30 +140,30 @@ struct FwdMainloop {
     // rows gathered with cp.async arrive zero filled). Every consumer warpgroup of the CTA runs the same range, so
     // the barrier over all of them is reached by each; it sits after the first block's Q.K^T and before any
     // ping-pong wait that could need another warpgroup to pass it first.
-    const bool zero_v_tail = !p.paged_rows && (varlen || p.seqused_k != nullptr || p.block_table != nullptr) &&
-                             range.hi > range.lo && range.hi * kBlockN > tile.seq.len_k;
+    // (FP8's transposed V holds zeros past each sequence's keys.)
+    const bool zero_v_tail = !Traits::kVTransposed && !p.paged_rows &&
+                             (varlen || p.seqused_k != nullptr || p.block_table != nullptr) && range.hi > range.lo &&
+                             range.hi * kBlockN > tile.seq.len_k;
     auto zero_v_tail_rows = [&] {
-      constexpr int kChunk = Traits::kVecElems;  // 16-byte chunks stay contiguous under the swizzle
-      constexpr int kChunksPerRow = Traits::kVecsPerRow;
-      const int first = tile.seq.len_k - (range.hi - 1) * kBlockN;
-      pipe_v.consumer_wait(v_read);  // waited for again before the P.V; the phase stays complete until released
-      Tensor sVs = sV(_, _, v_read.index());
-      for (int i = int(threadIdx.x) - kWgThreads; i < (kBlockN - first) * kChunksPerRow; i += kConsumerThreads)
-        *reinterpret_cast<cute::uint128_t*>(
-            raw_pointer_cast(&sVs(first + i / kChunksPerRow, i % kChunksPerRow * kChunk))) = cute::uint128_t{};
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, Barrier::kVTail);
+      if constexpr (!Traits::kVTransposed) {
+        constexpr int kChunk = Traits::kVecElems;  // 16-byte chunks stay contiguous under the swizzle
+        constexpr int kChunksPerRow = Traits::kVecsPerRow;
+        const int first = tile.seq.len_k - (range.hi - 1) * kBlockN;
+        pipe_v.consumer_wait(v_read);  // waited for again before the P.V; the phase stays complete until released
+        Tensor sVs = sV(_, _, v_read.index());
+        for (int i = int(threadIdx.x) - kWgThreads; i < (kBlockN - first) * kChunksPerRow; i += kConsumerThreads)
+          *reinterpret_cast<cute::uint128_t*>(
+              raw_pointer_cast(&sVs(first + i / kChunksPerRow, i % kChunksPerRow * kChunk))) = cute::uint128_t{};
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, Barrier::kVTail);
+      }
     };
 
     if (range.hi <= range.lo) return;
     float correction[kRowsPerThread];
-    Tensor rP = make_tensor<Element>(partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{}).layout());
-    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
-    auto to_probs = [&](const auto& tSrS) {
-      Tensor converted = convert_fragment<Element>(tSrS);
-      CUTE_UNROLL
-      for (int i = 0; i < size(rP); ++i) rP(i) = converted(i);
-    };
+    using Operands = typename Traits::Operands;
+    Tensor tOrP = Operands::make_probs(partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{}));
+    auto to_probs = [&](const auto& tSrS) { Operands::to_probs(tSrS, tOrP); };
 
     // S = Q.K^T of the next K stage, waited for (no P.V in flight beside it).
     auto qk_alone = [&](auto& tSrS) {

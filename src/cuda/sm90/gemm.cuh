@@ -11,14 +11,15 @@ namespace flashattn::cuda::sm90 {
 
 using namespace cute;
 
-// K-major shared-memory atom with the widest swizzle whose width divides kCols (128-byte rows of 64 elements when
-// it is a multiple of 64): the layout wgmma reads without bank conflicts and TMA writes in one box row. The
+// K-major shared-memory atom with the widest swizzle whose width divides a row of kCols elements (128-byte rows:
+// 64 16-bit or 128 8-bit elements): the layout wgmma reads without bank conflicts and TMA writes in one box row. The
 // backward passes half the head dim for K, whose MN-major view dQ slices there.
 template <class Element, int kCols>
 constexpr auto smem_atom_k_major() {
-  if constexpr (kCols % 64 == 0)
+  constexpr int kBytes = kCols * int(sizeof(Element));
+  if constexpr (kBytes % 128 == 0)
     return GMMA::Layout_K_SW128_Atom<Element>{};
-  else if constexpr (kCols % 32 == 0)
+  else if constexpr (kBytes % 64 == 0)
     return GMMA::Layout_K_SW64_Atom<Element>{};
   else
     return GMMA::Layout_K_SW32_Atom<Element>{};

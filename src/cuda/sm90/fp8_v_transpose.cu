@@ -1,0 +1,64 @@
+// The FP8 forward's V transpose (sm90/fwd_traits.cuh, Fp8Operands): wgmma reads 8-bit B operands K-major only, so
+// ahead of the kernel V (B, Sk, Hkv, Dv) is copied into the plan's workspace as v_t[b][kv head][column][key], each
+// 16 keys in the order the P operand's registers hold them (key 16g + i at column 16g + fp8_key_column(i)). Keys at
+// or past a sequence's length (seqused_k, clamped as the kernels do) and the row padding up to v_t_keys are zeros,
+// so the kernel's P.V never meets stale or non-finite V (P is 0 there, and 0 * NaN would not be).
+#include <algorithm>
+
+#include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/fwd_traits.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+namespace {
+
+constexpr int kKeys = 64;  // keys per CTA
+constexpr int kThreads = 256;
+constexpr int kMaxDim = 256;
+
+__global__ void __launch_bounds__(kThreads) fp8_v_transpose_kernel(const __grid_constant__ FwdParams p) {
+  // One extra 4-byte word per key row: the column reads of the second phase walk rows 4 words apart.
+  __shared__ __align__(16) uint8_t tile[kKeys][kMaxDim + 16];
+  const int heads_kv = p.heads_q / p.group;
+  const int k0 = int(blockIdx.x) * kKeys;
+  const int chunks = p.head_dim_v / 16;  // 16-byte chunks per V row (head_dim_v is a multiple of 16 here)
+  for (int hb = int(blockIdx.y); hb < heads_kv * p.batch; hb += int(gridDim.y)) {
+    const int h = hb % heads_kv, b = hb / heads_kv;
+    int len = p.seqlen_k;
+    if (p.seqused_k != nullptr) len = min(max(p.seqused_k[b], 0), len);
+    const uint8_t* v = static_cast<const uint8_t*>(p.v) + int64_t(b) * p.v_batch + int64_t(h) * p.v_head;
+    for (int i = int(threadIdx.x); i < kKeys * chunks; i += kThreads) {
+      const int key = i / chunks, chunk = i % chunks;
+      uint4 x = make_uint4(0, 0, 0, 0);
+      if (k0 + key < len) x = *reinterpret_cast<const uint4*>(v + int64_t(k0 + key) * p.v_row + chunk * 16);
+      *reinterpret_cast<uint4*>(&tile[key][chunk * 16]) = x;
+    }
+    __syncthreads();
+    uint8_t* out = static_cast<uint8_t*>(p.v_t) + (int64_t(b) * heads_kv + h) * p.head_dim_v * p.v_t_keys;
+    for (int i = int(threadIdx.x); i < p.head_dim_v * (kKeys / 16); i += kThreads) {
+      const int c = i / (kKeys / 16), g = i % (kKeys / 16);
+      if (k0 + 16 * g >= p.v_t_keys) continue;
+      uint8_t bytes[16];
+#pragma unroll
+      for (int key = 0; key < 16; ++key) bytes[fp8_key_column(key)] = tile[16 * g + key][c];
+      uint4 x;
+      memcpy(&x, bytes, 16);
+      *reinterpret_cast<uint4*>(out + int64_t(c) * p.v_t_keys + k0 + 16 * g) = x;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_fp8_v_transpose(const FwdParams& p, cudaStream_t stream) {
+  if (p.head_dim_v % 16 != 0 || p.head_dim_v > kMaxDim) return cudaErrorInvalidValue;  // planned out (plan.cpp)
+  const int64_t blocks = (p.v_t_keys + kKeys - 1) / kKeys;
+  const int64_t pairs = int64_t(p.heads_q / p.group) * p.batch;
+  if (blocks == 0 || pairs == 0) return cudaSuccess;
+  const dim3 grid(unsigned(blocks), unsigned(std::min<int64_t>(pairs, 65535)));
+  fp8_v_transpose_kernel<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashattn::cuda::sm90
