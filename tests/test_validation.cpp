@@ -62,7 +62,7 @@ TEST(Validation, TensorRules) {
       {"dtype mismatch", [](FwdParams& p) { p.attn.k.dtype = FA_FLOAT16; }, FA_ERROR_INVALID_ARGUMENT,
        "k: dtype must be bfloat16 (same as q)"},
       {"int32 q", [](FwdParams& p) { p.attn.q.dtype = FA_INT32; }, FA_ERROR_INVALID_ARGUMENT,
-       "q: dtype must be float32, float16 or bfloat16"},
+       "q: dtype must be float32, float16, bfloat16 or float8_e4m3fn"},
       {"unknown dtype", [](FwdParams& p) { p.attn.v.dtype = fa_dtype(42); }, FA_ERROR_INVALID_ARGUMENT,
        "v: unknown dtype code 42"},
       {"out dtype", [](FwdParams& p) { p.out.dtype = FA_FLOAT32; }, FA_ERROR_INVALID_ARGUMENT,

@@ -36,7 +36,7 @@ struct FwdTiles {
 // dim: d256 keeps 128 O + 64 S + 16 P registers, and its two stages (2 x 2 x 32 KiB) fit beside Q (32 KiB) and a
 // bfloat16 O tile of its own (64 KiB).
 constexpr FwdTiles fwd_tiles(int head_dim, bool windowed, bool fp8 = false) {
-  if (fp8) return {head_dim <= 64 ? 3 : 2, 128, 2};
+  if (fp8) return {head_dim <= 64 ? 3 : 2, head_dim > 64 && head_dim <= 128 && !windowed ? 192 : 128, 2};
   if (head_dim <= 64) return {3, 128, 2};
   if (head_dim <= 128) return {2, windowed ? 128 : 176, 2};
   return {2, 80, 2};
