@@ -32,9 +32,10 @@ struct FwdTiles {
 //         next to the 64 KiB Q tile (64 + 2 * 2 * 80 * 256 * 2 B = 224 KiB of 227 KiB).
 // Two stages everywhere: one stage was 1-3% slower at d128, three no faster (the ablation table).
 // FP8 (e4m3 inputs): the P.V wgmma takes 32 keys per step, so block_k is a multiple of 32; the probabilities are 8-bit
-// (a quarter of the registers of S), and a K/V stage takes half the bytes of a 16-bit one. 128 keys at every head
-// dim: d256 keeps 128 O + 64 S + 16 P registers, and its two stages (2 x 2 x 32 KiB) fit beside Q (32 KiB) and a
-// bfloat16 O tile of its own (64 KiB).
+// (a quarter of the registers of S), and a K/V stage takes half the bytes of a 16-bit one. d128 without a window:
+// 192 keys (888-893 TFLOP/s at 16k against 864 for 128, bench/results/2026-12-02_h200_session13; 256 made ptxas
+// serialise the wgmmas and spill 144 bytes). 128 keys elsewhere: d256 keeps 128 O + 64 S + 16 P registers, and its
+// two stages (2 x 2 x 32 KiB) fit beside Q (32 KiB) and a bfloat16 O tile of its own (64 KiB).
 constexpr FwdTiles fwd_tiles(int head_dim, bool windowed, bool fp8 = false) {
   if (fp8) return {head_dim <= 64 ? 3 : 2, head_dim > 64 && head_dim <= 128 && !windowed ? 192 : 128, 2};
   if (head_dim <= 64) return {3, 128, 2};
