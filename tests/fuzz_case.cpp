@@ -17,7 +17,8 @@ bool named(const std::string& message) {
                                  "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
                                  "softcap", "window_left", "window_right", "causal_alignment", "alibi_slopes",
                                  "dropout_p", "exec.backend", "exec.num_threads", "params", "cpu", "sinks", "dsinks",
-                                 "exec.stream", "exec.deterministic", "exec.num_splits"};
+                                 "exec.stream", "exec.deterministic", "exec.num_splits", "q_descale", "k_descale",
+                                 "v_descale"};
   for (const char* n : kNames) {
     const std::string prefix = std::string(n) + ":";
     if (message.compare(0, prefix.size(), prefix) == 0 && message.size() > prefix.size() + 2) return true;
@@ -30,7 +31,7 @@ std::vector<std::pair<void*, size_t>> buffers(Problem& pr) {
   std::vector<std::pair<void*, size_t>> b;
   for (std::vector<uint8_t>* v : {&pr.q, &pr.k, &pr.v, &pr.out, &pr.dout, &pr.dq, &pr.dk, &pr.dv})
     b.push_back({v->data(), v->size()});
-  for (std::vector<float>* v : {&pr.lse, &pr.alibi, &pr.sinks, &pr.dsinks})
+  for (std::vector<float>* v : {&pr.lse, &pr.alibi, &pr.sinks, &pr.dsinks, &pr.q_descale, &pr.k_descale, &pr.v_descale})
     b.push_back({v->data(), v->size() * sizeof(float)});
   for (std::vector<int32_t>* v : {&pr.cu_q, &pr.cu_k, &pr.used_k})
     b.push_back({v->data(), v->size() * sizeof(int32_t)});
@@ -169,6 +170,15 @@ Case random_case(std::mt19937_64& rng) {
   c.alibi = rng() % 4 == 0 ? Alibi::kHeads : Alibi::kNone;
   c.head_pad = rng() % 4 == 0 ? pick({8, 16}) : 0;
   c.threads = int(pick({0, 1, 3, 100000, INT_MAX}));
+  // FP8 inputs (forward only): their factor tensors join the mutated inputs. Drawn last, so that the rest of the
+  // stream is the one the 16-bit cases had.
+  if (rng() % 6 == 0) {
+    c.dtype = FA_FLOAT8_E4M3;
+    c.descale = rng() % 3 == 0 ? Case::Descale::kNone
+                : rng() % 2    ? Case::Descale::kKvHeads
+                               : Case::Descale::kQueryHeads;
+    if (rng() % 2) c.d = c.dv = pick({64, 128});  // the head dims the sm90 FP8 kernel takes, now and then
+  }
   return c;
 }
 
@@ -176,7 +186,8 @@ Case random_case(std::mt19937_64& rng) {
 // the problem breaks a documented rule of the CUDA backends on purpose (strides and head dims in multiples of
 // 8 elements), so a named refusal of it is right.
 void device_case(std::mt19937_64& rng, Case* c, bool* rule_break) {
-  // fp32 is a named FA_ERROR_UNSUPPORTED on CUDA: a third of the host stream's fp32 cases stay to check that.
+  // fp32 is a named FA_ERROR_UNSUPPORTED on CUDA: a third of the host stream's fp32 cases stay to check that. FP8
+  // runs on sm90 (a named refusal elsewhere, and for what that kernel does not take: varlen, softcap, ALiBi).
   if (c->dtype == FA_FLOAT32 && rng() % 3 != 0) c->dtype = rng() % 2 ? FA_FLOAT16 : FA_BFLOAT16;
   c->sinks = rng() % 6 == 0;
   // Sequences over more than one tile of either family (64-192 rows, 64-176 keys).
@@ -198,8 +209,8 @@ void device_case(std::mt19937_64& rng, Case* c, bool* rule_break) {
 
 // Every tensor of the params, so that a memory can place them.
 void place_all(FuzzMemory& m, fa_attention* a) {
-  for (fa_tensor* t :
-       {&a->q, &a->k, &a->v, &a->cu_seqlens_q, &a->cu_seqlens_k, &a->seqused_k, &a->alibi_slopes, &a->sinks})
+  for (fa_tensor* t : {&a->q, &a->k, &a->v, &a->cu_seqlens_q, &a->cu_seqlens_k, &a->seqused_k, &a->alibi_slopes,
+                       &a->sinks, &a->q_descale, &a->k_descale, &a->v_descale})
     if (t->ndim > 0) m.place(t);
 }
 FwdParams placed(FuzzMemory& m, FwdParams f) {
@@ -221,7 +232,7 @@ int run_fuzz_case(uint64_t seed, FuzzMemory& memory, fa_backend backend, Outcome
   *outcome = Outcome::kNotRun;
   std::mt19937_64 rng(seed);
   Case c = random_case(rng);
-  const bool backward = rng() % 3 == 0;
+  const bool backward = rng() % 3 == 0 && c.dtype != FA_FLOAT8_E4M3;  // FP8 is forward only
   const bool mutate = rng() % 4 != 0;
   const Mutation* m = mutate ? &mutations(memory.device())[rng() % mutations(memory.device()).size()] : nullptr;
   // A window mutation that the library accepts is the unbroken problem with that window: apply it to the
@@ -272,6 +283,10 @@ int run_fuzz_case(uint64_t seed, FuzzMemory& memory, fa_backend backend, Outcome
       backward
           ? Call{&b.attn, {&b.attn.q, &b.attn.k, &b.attn.v, &b.out, &b.lse, &b.dout, &b.dq, &b.dk, &b.dv}, 6, &memory}
           : Call{&f.attn, {&f.attn.q, &f.attn.k, &f.attn.v, &f.out, &f.lse}, 3, &memory};
+  if (!backward && f.attn.q_descale.data != nullptr) {  // the factors are inputs: before the outputs
+    call.tensors.insert(call.tensors.begin() + 3, {&f.attn.q_descale, &f.attn.k_descale, &f.attn.v_descale});
+    call.first_output += 3;
+  }
   if (m && !m->keeps_problem) m->apply(call, rng);
   const std::vector<uint8_t> before = memory.snapshot();
   Status st = backward ? flashattn::backward(b, exec) : flashattn::forward(f, exec);

@@ -164,7 +164,9 @@ std::vector<uint8_t> random_tensor(size_t n, fa_dtype t, Rng& rng) {
   std::vector<uint8_t> h(n * dtype_size(t));
   for (size_t i = 0; i < n; ++i) {
     float x = float(rng.normal());
-    if (t == FA_FLOAT32) {
+    if (t == FA_FLOAT8_E4M3) {
+      h[i] = cpu::float_to_e4m3(x);
+    } else if (t == FA_FLOAT32) {
       std::memcpy(&h[i * 4], &x, 4);
     } else {
       uint16_t v = t == FA_BFLOAT16 ? cpu::float_to_bf16(x) : cpu::float_to_fp16(x);
@@ -224,10 +226,14 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   const fa_device dev = cuda ? FA_DEVICE_CUDA : FA_DEVICE_CPU;
   const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, H = s.heads, Hk = s.hkv(), D = s.head_dim, Dv = s.dv();
   const size_t e = dtype_size(s.dtype);
+  // out (and the backward's tensors): bfloat16 for FP8 inputs (flashattn.h).
+  const fa_dtype out_dtype = s.dtype == FA_FLOAT8_E4M3 ? FA_BFLOAT16 : s.dtype;
+  const size_t eo = dtype_size(out_dtype);
   size_t nq = 0, nk = 0, nv = 0, no = 0, nl = 0, bytes = 0;
   // Element counts and byte sizes must not wrap (a wrapped size would allocate a small buffer for a big problem).
   if (!checked_product({B, Sq, H, D, int64_t(e)}, &bytes) || !checked_product({B, Sk, Hk, D, int64_t(e)}, &bytes) ||
-      !checked_product({B, Sk, Hk, Dv, int64_t(e)}, &bytes) || !checked_product({B, Sq, H, Dv, int64_t(e)}, &bytes) ||
+      !checked_product({B, Sk, Hk, Dv, int64_t(e)}, &bytes) || !checked_product({B, Sq, H, Dv, int64_t(eo)}, &bytes) ||
+      !checked_product({B, Sq, H, D, int64_t(eo)}, &bytes) || !checked_product({B, Sk, Hk, Dv, int64_t(eo)}, &bytes) ||
       !checked_product({B, H, Sq, 4}, &bytes)) {
     r.error = "problem too large: its tensor sizes overflow 64-bit byte counts (" + s.describe() + ")";
     return r;
@@ -239,14 +245,14 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   checked_product({B, H, Sq}, &nl);
   Rng rng{o.seed};
   std::vector<uint8_t> hq = random_tensor(nq, s.dtype, rng), hk = random_tensor(nk, s.dtype, rng),
-                       hv = random_tensor(nv, s.dtype, rng), hdo = random_tensor(no, s.dtype, rng);
+                       hv = random_tensor(nv, s.dtype, rng), hdo = random_tensor(no, out_dtype, rng);
   std::vector<float> slopes(static_cast<size_t>(H));
   for (int64_t h = 0; h < H; ++h) slopes[size_t(h)] = float(std::pow(2.0, -8.0 * double(h + 1) / double(H)));
   std::vector<uint8_t> hslopes(slopes.size() * 4);
   std::memcpy(hslopes.data(), slopes.data(), hslopes.size());
 
-  Buffer q(nq * e, cuda), k(nk * e, cuda), v(nv * e, cuda), out(no * e, cuda), lse(nl * 4, cuda), dout(no * e, cuda),
-      dq(nq * e, cuda), dk(nk * e, cuda), dv(nv * e, cuda), alibi(hslopes.size(), cuda);
+  Buffer q(nq * e, cuda), k(nk * e, cuda), v(nv * e, cuda), out(no * eo, cuda), lse(nl * 4, cuda), dout(no * eo, cuda),
+      dq(nq * eo, cuda), dk(nk * eo, cuda), dv(nv * eo, cuda), alibi(hslopes.size(), cuda);
   for (Buffer* b : {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv, &alibi})
     if (!b->data()) {
       r.error = "out of memory allocating the problem's tensors";
@@ -258,7 +264,7 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   dout.upload(hdo);
   alibi.upload(hslopes);
   // Poison the outputs: a row the kernel forgets to write stays NaN and fails the check.
-  out.upload(std::vector<uint8_t>(no * e, 0xff));
+  out.upload(std::vector<uint8_t>(no * eo, 0xff));
   lse.upload(std::vector<uint8_t>(nl * 4, 0xff));
 
   auto describe = [&](fa_attention* a) {
@@ -275,16 +281,16 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   };
   FwdParams fp = make_fwd_params();
   describe(&fp.attn);
-  fp.out = make_tensor(out.data(), s.dtype, {B, Sq, H, Dv}, dev);
+  fp.out = make_tensor(out.data(), out_dtype, {B, Sq, H, Dv}, dev);
   fp.lse = make_tensor(lse.data(), FA_FLOAT32, {B, H, Sq}, dev);
   BwdParams bp = make_bwd_params();
   describe(&bp.attn);
   bp.out = fp.out;
   bp.lse = fp.lse;
-  bp.dout = make_tensor(dout.data(), s.dtype, {B, Sq, H, Dv}, dev);
-  bp.dq = make_tensor(dq.data(), s.dtype, {B, Sq, H, D}, dev);
-  bp.dk = make_tensor(dk.data(), s.dtype, {B, Sk, Hk, D}, dev);
-  bp.dv = make_tensor(dv.data(), s.dtype, {B, Sk, Hk, Dv}, dev);
+  bp.dout = make_tensor(dout.data(), out_dtype, {B, Sq, H, Dv}, dev);
+  bp.dq = make_tensor(dq.data(), out_dtype, {B, Sq, H, D}, dev);
+  bp.dk = make_tensor(dk.data(), out_dtype, {B, Sk, Hk, D}, dev);
+  bp.dv = make_tensor(dv.data(), out_dtype, {B, Sk, Hk, Dv}, dev);
   fa_exec ex = fa_exec_default();
   ex.backend = o.backend;
   ex.num_threads = o.threads;

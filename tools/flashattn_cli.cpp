@@ -30,7 +30,8 @@ commands:
 
 shape and mask options (run and bench), defaults in brackets:
   --batch N [1]  --seqlen N (both q and k) [1024]  --seqlen-q N  --seqlen-k N  --heads N [8]
-  --heads-kv N [= heads]  --hdim N [64]  --hdim-v N [= hdim]  --dtype bf16|fp16|fp32 [bf16]
+  --heads-kv N [= heads]  --hdim N [64]  --hdim-v N [= hdim]  --dtype bf16|fp16|fp32|fp8 [bf16]
+  (fp8: e4m3 q, k, v of N(0, 1) values, no dequantisation factors, bf16 out; forward only)
   --causal [off]  --top-left [bottom-right alignment]  --window L,R [-1,-1; -1 = unbounded side]
   --softcap C [0 = off]  --alibi [off]
 run options:
@@ -97,7 +98,8 @@ fa_dtype parse_dtype(const std::string& s) {
   if (s == "bf16" || s == "bfloat16") return FA_BFLOAT16;
   if (s == "fp16" || s == "float16" || s == "half") return FA_FLOAT16;
   if (s == "fp32" || s == "float32" || s == "float") return FA_FLOAT32;
-  die("--dtype: expected bf16, fp16 or fp32, got '" + s + "'");
+  if (s == "fp8" || s == "float8_e4m3fn" || s == "e4m3") return FA_FLOAT8_E4M3;
+  die("--dtype: expected bf16, fp16, fp32 or fp8, got '" + s + "'");
 }
 
 struct Args {

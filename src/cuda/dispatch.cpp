@@ -34,9 +34,16 @@ namespace {
 
 // Device pointers every launch reads or writes: checked once here for both families.
 detail::Error check_pointers(const detail::Problem& p, bool backward) {
-  const std::pair<const char*, const void*> forward_tensors[] = {
-      {"q", p.q},        {"k", p.k}, {"v", p.v}, {"out", p.out}, {"lse", p.lse}, {"alibi_slopes", p.alibi},
-      {"sinks", p.sinks}};
+  const std::pair<const char*, const void*> forward_tensors[] = {{"q", p.q},
+                                                                 {"k", p.k},
+                                                                 {"v", p.v},
+                                                                 {"out", p.out},
+                                                                 {"lse", p.lse},
+                                                                 {"alibi_slopes", p.alibi},
+                                                                 {"sinks", p.sinks},
+                                                                 {"q_descale", p.q_descale.data},
+                                                                 {"k_descale", p.k_descale.data},
+                                                                 {"v_descale", p.v_descale.data}};
   const std::pair<const char*, const void*> backward_tensors[] = {
       {"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}, {"dsinks", p.dsinks}};
   for (const auto& [name, ptr] : forward_tensors)

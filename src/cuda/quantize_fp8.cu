@@ -12,6 +12,7 @@
 #include "core/hadamard.hpp"
 #include "core/problem.hpp"
 #include "cuda/device.hpp"
+#include "cuda/host_common.hpp"
 
 namespace flashattn::cuda {
 
@@ -123,6 +124,13 @@ Error quantize_fp8_cuda(const QuantizeProblem& p, void* stream_ptr) {
   if (p.dim > kMaxDim) return detail::unsupported("x: the CUDA quantisation takes head dims up to 256");
   DeviceGuard guard(p.device_index);
   if (guard.status() != cudaSuccess) return runtime_error("cudaSetDevice", guard.status());
+  // Empty tensors may hold any pointer; the rest must be memory of the device (a host pointer labelled CUDA would
+  // fault in the kernels).
+  if (p.seqlen > 0 && p.dim > 0) {
+    if (Error e = check_device_pointer("x", p.x, p.device_index); !e.ok()) return e;
+    if (Error e = check_device_pointer("out", p.out, p.device_index); !e.ok()) return e;
+  }
+  if (Error e = check_device_pointer("descale", p.descale, p.device_index); !e.ok()) return e;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   const int64_t pairs = p.batch * p.heads;
   const unsigned small = unsigned(std::min<int64_t>((pairs + 255) / 256, 65535));
