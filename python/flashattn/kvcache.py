@@ -17,6 +17,11 @@ skipped while a CUDA graph is captured or torch.compile traces: there the caller
 only reads a contiguous cache checks nothing on the host: the kernels clamp each sequence's key count to the
 cache (no synchronisation, capturable). ``torch.compile(fullgraph=True)`` traces a call: the attention is then
 the custom op ``flashattn::fwd`` (with the plan's split count).
+
+FP8 caches (FlashAttention-3's): q, k_cache, v_cache (and new k, v) torch.float8_e4m3fn with the float32 factors
+``q_descale`` (B, Hkv) or (B, Hq), ``k_descale``, ``v_descale`` (B, Hkv) (flashattn.h, FP8); the new tokens are
+appended as they are (quantised with the cache's factors by the caller, as in FlashAttention-3), out bfloat16. Not
+with rotary (it would rotate quantised values) nor head dims that need padding; always eager (no custom op).
 """
 
 from __future__ import annotations
@@ -90,6 +95,10 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    *,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
 ) -> Tensor | Tuple[Tensor, Tensor]:
     """Attention of q (B, Sq, Hq, D) against a KV cache, appending k/v (B, Snew, Hkv, D/Dv) to it first.
 
@@ -99,12 +108,17 @@ def flash_attn_with_kvcache(
     cache row of each sequence. cache_leftpad (B,) int32: the first valid key of each row. rotary_cos/sin
     (seqlen_ro, rotary_dim / 2): applied to the new keys at positions cache_seqlens + i, and to q at the same
     positions when causal or windowed (otherwise all of q at cache_seqlens). num_splits: split-KV (0: the plan
-    picks). Returns out (B, Sq, Hq, Dv), and softmax_lse (B, Hq, Sq) float32 with return_softmax_lse.
+    picks). Returns out (B, Sq, Hq, Dv), and softmax_lse (B, Hq, Sq) float32 with return_softmax_lse. FP8 caches:
+    q_descale, k_descale, v_descale as FlashAttention-3's (the module docstring).
     """
     if not isinstance(q, Tensor) or q.dim() != 4:
         _fail("q", "must be a 4-D tensor (batch, seqlen_q, heads, head_dim)")
     batch, seqlen_q, heads_q, head_dim = q.shape
     device = q.device
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if not fp8 and (q_descale is not None or k_descale is not None or v_descale is not None):
+        _fail("q_descale" if q_descale is not None else "k_descale" if k_descale is not None else "v_descale",
+              f"is for float8_e4m3fn q and caches only (got {q.dtype})")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             _fail(name, "must be a 4-D tensor (batch or pages, seqlen or page_size, heads_kv, head_dim)")
@@ -165,6 +179,10 @@ def flash_attn_with_kvcache(
         seqlens = cache_seqlens
 
     rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary and fp8:
+        _fail("rotary_cos", "is not applied to float8_e4m3fn q and keys (it would rotate quantised values)")
+    if fp8 and (head_dim % 8 or head_dim_v % 8):
+        _fail("q", f"float8_e4m3fn head dims must be multiples of 8 (got {head_dim}, {head_dim_v}): no padding")
     if rotary:
         if rotary_cos is None or rotary_sin is None:
             _fail("rotary_cos" if rotary_cos is None else "rotary_sin", "rotary_cos and rotary_sin come together")
@@ -189,7 +207,9 @@ def flash_attn_with_kvcache(
     # Paged caches are read by the library itself (the C ABI's block_table) in eager calls whose head dims need no
     # padding, so only an append (a write) checks the table. The CUDA read paths (sm90 TMA boxes, the gathered
     # copy) are tests/gpu/paged_test.cpp's (passed on the H200: bench/results/2026-12-01_h200_session11/).
-    native_paged = (paged and not torch.compiler.is_compiling() and head_dim % 8 == 0 and head_dim_v % 8 == 0)
+    # (FP8 on CUDA: gathered, since the sm90 FP8 kernel reads contiguous caches only so far.)
+    native_paged = (paged and not torch.compiler.is_compiling() and head_dim % 8 == 0 and head_dim_v % 8 == 0 and
+                    not (fp8 and device.type == "cuda"))
     gathers = (paged and not native_paged) or cache_batch_idx is not None or cache_leftpad is not None
     if (new > 0 or gathers) and _values_checkable():
         checks = [("cache_seqlens", seqlens < 0, "entries must be >= 0"),
@@ -226,19 +246,22 @@ def flash_attn_with_kvcache(
         cos_q, sin_q = _positions_cos_sin(rotary_cos, rotary_sin, seqlens, seqlen_q, per_token)
         q = _rotate(q, cos_q, sin_q, rotary_interleaved)
 
-    # (ii) the new tokens into the cache, in place.
+    # (ii) the new tokens into the cache, in place (FP8: as bytes, torch indexes no float8 tensor).
+    def raw(t):
+        return t.view(torch.uint8) if fp8 else t
+
     if new > 0:
         pos = seqlens.to(torch.int64)[:, None] + torch.arange(new, device=device)[None, :]  # (B, new)
         if paged:
             page = block_table.to(torch.int64).gather(1, torch.div(pos, page_size, rounding_mode="floor"))
             slot = pos % page_size
-            k_cache[page, slot] = k
-            v_cache[page, slot] = v
+            raw(k_cache)[page, slot] = raw(k)
+            raw(v_cache)[page, slot] = raw(v)
         else:
             rows = (torch.arange(batch, device=device) if cache_batch_idx is None
                     else cache_batch_idx.to(torch.int64))[:, None].expand(batch, new)
-            k_cache[rows, pos] = k
-            v_cache[rows, pos] = v
+            raw(k_cache)[rows, pos] = raw(k)
+            raw(v_cache)[rows, pos] = raw(v)
     used = seqlens + new if new else seqlens  # keys each sequence attends to (before leftpad)
 
     # (iii) attention over the valid keys.
@@ -247,13 +270,13 @@ def flash_attn_with_kvcache(
     elif paged:
         # Entries past a sequence's used pages may hold anything (their keys are past seqused_k): any valid page.
         table = block_table.to(torch.int64).clamp(0, k_cache.shape[0] - 1)
-        k_keys = k_cache[table].flatten(1, 2)  # (B, max_pages * page_size, Hkv, D)
-        v_keys = v_cache[table].flatten(1, 2)
+        k_keys = raw(k_cache)[table].flatten(1, 2)  # (B, max_pages * page_size, Hkv, D)
+        v_keys = raw(v_cache)[table].flatten(1, 2)
     elif cache_batch_idx is not None:
-        k_keys = k_cache.index_select(0, cache_batch_idx.to(torch.int64))
-        v_keys = v_cache.index_select(0, cache_batch_idx.to(torch.int64))
+        k_keys = raw(k_cache).index_select(0, cache_batch_idx.to(torch.int64))
+        v_keys = raw(v_cache).index_select(0, cache_batch_idx.to(torch.int64))
     else:
-        k_keys, v_keys = k_cache, v_cache
+        k_keys, v_keys = raw(k_cache), raw(v_cache)
     if cache_leftpad is not None:
         # Keys [leftpad, used) of each row, moved to the front.
         idx = (cache_leftpad.to(torch.int64)[:, None] + torch.arange(capacity, device=device)[None, :])
@@ -261,6 +284,17 @@ def flash_attn_with_kvcache(
         k_keys = k_keys.gather(1, idx[:, :, None, None].expand(-1, -1, heads_kv, head_dim))
         v_keys = v_keys.gather(1, idx[:, :, None, None].expand(-1, -1, heads_kv, head_dim_v))
         used = used - cache_leftpad
+    if fp8:  # k_keys, v_keys are the caches' bytes (uint8 views or gathered copies)
+        out = torch.empty(q.shape[:-1] + (head_dim_v,), dtype=torch.bfloat16, device=device)
+        lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=device)
+        _call(_C.forward, q, _dl(q.view(torch.uint8)), _dl(k_keys), _dl(v_keys), _dl(out), _dl(lse),
+              seqused_k=_dl(used.to(torch.int32)),
+              softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=False,
+              window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=_dl(alibi_slopes),
+              num_splits=num_splits,
+              block_table=_dl(block_table) if native_paged else None, fp8=True, q_descale=_dl(q_descale),
+              k_descale=_dl(k_descale), v_descale=_dl(v_descale))
+        return (out, lse) if return_softmax_lse else out
     if softmax_scale is None and head_dim % 8 != 0:
         softmax_scale = head_dim ** -0.5  # of the real head dim (the kernels see it padded)
     q_in, k_in, v_in = (_pad_head_dim(t) for t in (q, k_keys, v_keys))

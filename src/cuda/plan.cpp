@@ -108,6 +108,8 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
   if (p.fp8() && (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0))
     return "q: the cuda-sm90 FP8 forward needs head_dim and head_dim_v multiples of 16 (got " +
            std::to_string(p.head_dim) + ", " + std::to_string(p.head_dim_v) + ")";
+  if (p.fp8() && p.seqlen_k > kMaxTmaCoord - 15)  // the transposed V's rows are padded to 16 keys
+    return "k: the cuda-sm90 FP8 forward takes at most 2^31 - 16 keys";
   if (p.fp8() && p.varlen)
     return "cu_seqlens_q: the cuda-sm90 FP8 forward takes batched calls only so far (the CPU backend takes varlen FP8)";
   if (p.fp8() && p.paged())

@@ -129,3 +129,54 @@ def test_fp8_errors_name_the_argument():
         flashattn.quantize_fp8(torch.randn(1, 4, 2, 48), hadamard=True)
     with pytest.raises(ValueError, match="k: dtype must be float8_e4m3fn"):
         flash_attn_func(q8, torch.randn(1, 4, 2, 64), q8)
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("paged", [False, True])
+def test_with_kvcache_fp8_appends_and_attends(device, paged):
+    """flash_attn_with_kvcache on FP8 caches: the new tokens are appended as bytes, and the attention over each
+    sequence's first cache_seqlens + new keys equals flash_attn_func's on those keys."""
+    g = torch.Generator().manual_seed(21 + paged)
+    b, hq, hkv, d, cap, new = 3, 4, 2, 64, 96, 3
+    lens = torch.tensor([5, 40, 93], dtype=torch.int32)
+    q = torch.randn(b, new, hq, d, generator=g)
+    kc, vc, kn, vn = (torch.randn(*shape, generator=g) for shape in ((b, cap, hkv, d),) * 2 + ((b, new, hkv, d),) * 2)
+    (q8, qd), (kc8, kd), (vc8, vd) = (flashattn.quantize_fp8(t) for t in (q, kc, vc))
+    # The new tokens quantised with the caches' factors (the caller's part, as in FlashAttention-3).
+    kn8 = (kn / kd[:, None, :, None]).to(torch.float8_e4m3fn)
+    vn8 = (vn / vd[:, None, :, None]).to(torch.float8_e4m3fn)
+    expect = []
+    for i in range(b):
+        end = int(lens[i]) + new
+        keys = torch.cat((kc8[i:i + 1, :lens[i]], kn8[i:i + 1]), 1)[:, :end]
+        vals = torch.cat((vc8[i:i + 1, :lens[i]], vn8[i:i + 1]), 1)[:, :end]
+        expect.append(flash_attn_func(q8[i:i + 1], keys, vals, causal=True, q_descale=qd[i:i + 1],
+                                      k_descale=kd[i:i + 1], v_descale=vd[i:i + 1]))
+    expect = torch.cat(expect)
+    args = dict(q_descale=qd.to(device), k_descale=kd.to(device), v_descale=vd.to(device))
+    if paged:
+        page = 16
+        pages = cap // page
+        perm = torch.randperm(b * pages, generator=g)
+        table = perm.view(b, pages).to(torch.int32)
+        kp = torch.empty(b * pages, page, hkv, d).to(torch.float8_e4m3fn)
+        vp = torch.empty(b * pages, page, hkv, d).to(torch.float8_e4m3fn)
+        kp.view(torch.uint8)[perm] = kc8.view(torch.uint8).reshape(b * pages, page, hkv, d)
+        vp.view(torch.uint8)[perm] = vc8.view(torch.uint8).reshape(b * pages, page, hkv, d)
+        kcache, vcache, extra = kp.to(device), vp.to(device), dict(block_table=table.to(device))
+    else:
+        kcache, vcache, extra = kc8.clone().to(device), vc8.clone().to(device), {}
+    out = flashattn.flash_attn_with_kvcache(q8.to(device), kcache, vcache, k=kn8.to(device), v=vn8.to(device),
+                                           cache_seqlens=lens.to(device), causal=True, **extra, **args)
+    assert out.dtype == torch.bfloat16
+    assert (out.cpu().float() - expect.float()).abs().max().item() < 2e-2
+    # The new keys landed in the cache, byte for byte.
+    got = kcache.cpu().view(torch.uint8)
+    for i in range(b):
+        for j in range(new):
+            slot = int(lens[i]) + j
+            row = got[table[i, slot // 16], slot % 16] if paged else got[i, slot]
+            assert torch.equal(row, kn8[i, j].view(torch.uint8))
+    with pytest.raises(ValueError, match="rotary_cos: is not applied to float8_e4m3fn"):
+        flashattn.flash_attn_with_kvcache(q8, kc8, vc8, k=kn8, v=vn8, cache_seqlens=lens, **args,
+                                          rotary_cos=torch.ones(200, 8), rotary_sin=torch.zeros(200, 8))

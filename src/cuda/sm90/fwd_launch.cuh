@@ -61,11 +61,8 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
                         p.q_head, p.q_batch);
   auto mK = gmem_tensor(static_cast<const Element*>(p.k), kv_rows, p.head_dim, heads_kv, kv_batch, p.k_row, p.k_head,
                         p.k_batch);
-  // V transposed (FP8): (d, keys, heads, batch) rows of v_t_keys keys, written by the launch's transpose.
   auto mV = gmem_tensor(static_cast<const Element*>(p.v), kv_rows, p.head_dim_v, heads_kv, kv_batch, p.v_row, p.v_head,
                         p.v_batch);
-  auto mVt = gmem_tensor(static_cast<const Element*>(p.v_t), p.head_dim_v, int(p.v_t_keys), heads_kv, batch, p.v_t_keys,
-                         p.head_dim_v * p.v_t_keys, heads_kv * p.head_dim_v * p.v_t_keys);
   if (paged && p.paged_box_rows == kPageBoxRows) {
     using Box = Shape<Int<kPageBoxRows>, Int<Traits::kAtomCols>>;
     auto mKp = gmem_tensor(static_cast<const Element*>(p.k), p.tensor_rows_k, p.head_dim, heads_kv, kv_batch, p.k_row,
@@ -81,17 +78,22 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
                            Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Traits::SmemLayoutK{}),
                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
-  if constexpr (Traits::kVTransposed)
+  if constexpr (Traits::kVTransposed) {
+    // V transposed (FP8): (d, keys, heads, batch), rows of v_t_keys keys, written by the launch's transpose.
+    auto mVt = gmem_tensor(static_cast<const Element*>(p.v_t), p.head_dim_v, int(p.v_t_keys), heads_kv, batch,
+                           p.v_t_keys, p.head_dim_v * p.v_t_keys, heads_kv * p.head_dim_v * p.v_t_keys);
     kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename Traits::SmemLayoutVt{}),
                              Shape<Int<kHeadDim>, Int<kBlockN>>{}, _1{});
-  else
+    kp.shape_v = mVt.shape();
+  } else {
     kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Traits::SmemLayoutV{}),
                              Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+    kp.shape_v = mV.shape();
+  }
   kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, take<0, 2>(typename Traits::SmemLayoutO{}),
                            Shape<Int<kWgRows>, Int<kHeadDim>>{}, _1{});
   kp.shape_q = mQ.shape();
   kp.shape_k = mK.shape();
-  kp.shape_v = Traits::kVTransposed ? mVt.shape() : mV.shape();
   kp.shape_o = mO.shape();
   if (p.paged_rows) kp.page_size_div = cutlass::FastDivmod(p.page_size);
   kp.num_m_blocks = int(plan.m_blocks);

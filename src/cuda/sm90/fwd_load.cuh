@@ -96,7 +96,8 @@ struct FwdLoad {
     auto k_parts = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     Tensor tKg = get<0>(k_parts);
     Tensor tKs = get<1>(k_parts);
-    // V's key block n: a (keys, d) box, or a (d, keys) box of the transposed copy (FP8).
+    // V's key block n: a (keys, d) box, or a (d, keys) box of the transposed copy (FP8; batched calls only, where
+    // k_start is 0: varlen would need each sequence's start in the copy, and the plan refuses varlen FP8).
     auto v_parts = [&] {
       if constexpr (Traits::kVTransposed) {
         Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});

@@ -97,18 +97,22 @@ struct Fp8Operands {
     uint32_t* regs = reinterpret_cast<uint32_t*>(raw_pointer_cast(probs.data()));
     cutlass::NumericArrayConverter<Element, float, 4, cutlass::FloatRoundStyle::round_to_nearest> convert;
     CUTE_UNROLL
-    for (int k = 0; k < kBlockN / 32; ++k) CUTE_UNROLL
-    for (int kh = 0; kh < 2; ++kh) CUTE_UNROLL
-    for (int rh = 0; rh < 2; ++rh) {
-      // Linear index of the accumulator value (column c, row half rh, 8-column group j): c + 2 * rh + 4 * j.
-      const int j = 4 * k + 2 * kh;
-      cutlass::Array<float, 4> f;
-      f[0] = s(2 * rh + 4 * j);
-      f[1] = s(1 + 2 * rh + 4 * j);
-      f[2] = s(2 * rh + 4 * (j + 1));
-      f[3] = s(1 + 2 * rh + 4 * (j + 1));
-      const cutlass::Array<Element, 4> packed = convert(f);
-      regs[rh + 2 * kh + 4 * k] = reinterpret_cast<const uint32_t&>(packed);
+    for (int k = 0; k < kBlockN / 32; ++k) {
+      CUTE_UNROLL
+      for (int kh = 0; kh < 2; ++kh) {
+        CUTE_UNROLL
+        for (int rh = 0; rh < 2; ++rh) {
+          // Linear index of the accumulator value (column c, row half rh, 8-column group j): c + 2 * rh + 4 * j.
+          const int j = 4 * k + 2 * kh;
+          cutlass::Array<float, 4> f;
+          f[0] = s(2 * rh + 4 * j);
+          f[1] = s(1 + 2 * rh + 4 * j);
+          f[2] = s(2 * rh + 4 * (j + 1));
+          f[3] = s(1 + 2 * rh + 4 * (j + 1));
+          const cutlass::Array<Element, 4> packed = convert(f);
+          regs[rh + 2 * kh + 4 * k] = reinterpret_cast<const uint32_t&>(packed);
+        }
+      }
     }
   }
   struct Factors {
