@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cuda/device.hpp"
+#include "cuda/fwd_params.hpp"
 #include "cuda/bwd_params.hpp"
 #include "cuda/host_common.hpp"
 #include "cuda/sm80/tiles.hpp"
@@ -108,10 +109,9 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
   if (p.fp8() && (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0))
     return "q: the cuda-sm90 FP8 forward needs head_dim and head_dim_v multiples of 16 (got " +
            std::to_string(p.head_dim) + ", " + std::to_string(p.head_dim_v) + ")";
-  if (p.fp8() && p.seqlen_k > kMaxTmaCoord - 15)  // the transposed V's rows are padded to 16 keys
-    return "k: the cuda-sm90 FP8 forward takes at most 2^31 - 16 keys";
-  if (p.fp8() && p.varlen)
-    return "cu_seqlens_q: the cuda-sm90 FP8 forward takes batched calls only so far (the CPU backend takes varlen FP8)";
+  // The transposed V's rows are padded (16 keys; varlen: each sequence to kVtSeqAlign) and addressed by TMA.
+  if (p.fp8() && (p.varlen ? p.total_k + int64_t(kVtSeqAlign) * (p.batch + 1) : p.seqlen_k + 15) > kMaxTmaCoord)
+    return "k: the cuda-sm90 FP8 forward takes at most 2^31 - 1 keys in its padded copy of V";
   if (p.fp8() && p.paged())
     return "block_table: the cuda-sm90 FP8 forward reads contiguous K/V only so far (the CPU backend takes paged FP8)";
   return sm90_tma_unfit(p);
@@ -181,9 +181,12 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // FP8: the P.V wgmma reads V K-major (keys contiguous), so the launch first writes V transposed after the rest
   // of the workspace, 16-key aligned rows (FwdParams::v_t).
   if (p.fp8()) {
-    f.v_t_keys = (std::max<int64_t>(p.seqlen_k, 1) + 15) / 16 * 16;
+    // Batched: a row of 16-key aligned keys per batch entry. Varlen: one row of every sequence, each on a kVtSeqAlign
+    // boundary (v_t_seq_start), the last one's padding included.
+    f.v_t_keys = p.varlen ? kVtSeqAlign * ((p.total_k + kVtSeqAlign - 1) / kVtSeqAlign + p.batch)
+                          : (std::max<int64_t>(p.seqlen_k, 1) + 15) / 16 * 16;
     f.v_t_offset = (f.workspace_bytes + SplitWorkspace::kAlign) / SplitWorkspace::kAlign * SplitWorkspace::kAlign;
-    f.workspace_bytes = f.v_t_offset + p.batch * p.heads_kv * p.head_dim_v * f.v_t_keys;
+    f.workspace_bytes = f.v_t_offset + (p.varlen ? 1 : p.batch) * p.heads_kv * p.head_dim_v * f.v_t_keys;
   }
   return detail::ok();
 }

@@ -96,13 +96,13 @@ struct FwdLoad {
     auto k_parts = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     Tensor tKg = get<0>(k_parts);
     Tensor tKs = get<1>(k_parts);
-    // V's key block n: a (keys, d) box, or a (d, keys) box of the transposed copy (FP8; batched calls only, where
-    // k_start is 0: varlen would need each sequence's start in the copy, and the plan refuses varlen FP8).
+    // V's key block n: a (keys, d) box, or a (d, keys) box of the transposed copy (FP8), whose varlen sequences
+    // start on their own aligned boundaries (v_t_seq_start) rather than at k_start.
     auto v_parts = [&] {
       if constexpr (Traits::kVTransposed) {
         Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
-        Tensor mVt =
-            domain_offset(make_coord(_0{}, tile.seq.k_start), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
+        Tensor mVt = domain_offset(make_coord(_0{}, int32_t(v_t_seq_start(p.cu_seqlens_k, t.batch))),
+                                   kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
         Tensor gVt = local_tile(mVt, Shape<Int<kHeadDim>, Int<kBlockN>>{}, make_coord(_0{}, _));  // (d, N, n)
         return tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
       } else {
