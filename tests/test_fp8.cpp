@@ -197,7 +197,8 @@ TEST(Fp8Quantize, FactorsBytesAndRotation) {
     q.descale = make_tensor(descale.data(), FA_FLOAT32, {B, H});
     q.hadamard = hadamard;
     q.seed = 1234;
-    ASSERT_EQ(fa_quantize_fp8(&q, nullptr), FA_OK) << fa_last_error();
+    const Status st = quantize_fp8(q);  // the C++ API's wrapper of fa_quantize_fp8
+    ASSERT_TRUE(st.ok()) << st.message;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {
         std::vector<double> rot(size_t(S * D));
