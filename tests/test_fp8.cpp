@@ -197,7 +197,8 @@ TEST(Fp8Quantize, FactorsBytesAndRotation) {
     q.descale = make_tensor(descale.data(), FA_FLOAT32, {B, H});
     q.hadamard = hadamard;
     q.seed = 1234;
-    ASSERT_EQ(fa_quantize_fp8(&q, nullptr), FA_OK) << fa_last_error();
+    const Status st = quantize_fp8(q);  // the C++ API's wrapper of fa_quantize_fp8
+    ASSERT_TRUE(st.ok()) << st.message;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {
         std::vector<double> rot(size_t(S * D));
@@ -263,7 +264,23 @@ TEST(Fp8Quantize, HadamardKeepsTheLogitsAndRejectsOtherDims) {
   p.hadamard = 0;
   ASSERT_EQ(fa_quantize_fp8(&p, nullptr), FA_OK) << fa_last_error();
   EXPECT_EQ(descale[0], 1.f / 448.f);
-  EXPECT_EQ(out[0], 0x7e);                                       // 1 / (1/448) = 448
+  EXPECT_EQ(out[0], 0x7e);  // 1 / (1/448) = 448
+  fa_exec cuda_exec = fa_exec_default();
+  cuda_exec.backend = FA_BACKEND_CUDA_SM90;
+  EXPECT_EQ(fa_quantize_fp8(&p, &cuda_exec), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("exec.backend: a CUDA backend needs CUDA tensors"), std::string::npos);
+  cuda_exec.backend = fa_backend(9);
+  EXPECT_EQ(fa_quantize_fp8(&p, &cuda_exec), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("exec.backend: unknown backend code 9"), std::string::npos);
+  fa_quantize_params bad = p;
+  bad.descale = make_tensor(descale.data(), FA_FLOAT32, {1, 2});
+  EXPECT_EQ(fa_quantize_fp8(&bad, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("descale: shape must be (1, 1)"), std::string::npos) << fa_last_error();
+  bad = p;
+  bad.x.ndim = 3;
+  EXPECT_EQ(fa_quantize_fp8(&bad, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("x: must have 4 dimensions"), std::string::npos) << fa_last_error();
+  EXPECT_EQ(fa_quantize_fp8(nullptr, nullptr), FA_ERROR_INVALID_ARGUMENT);
   p.out = make_tensor(x.data(), FA_FLOAT8_E4M3, {1, 2, 1, 48});  // the output over its input
   EXPECT_EQ(fa_quantize_fp8(&p, nullptr), FA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fa_last_error()).find("out: must not overlap x"), std::string::npos) << fa_last_error();

@@ -33,6 +33,14 @@ inline Status backward(const BwdParams& p, const Exec& e = fa_exec_default()) {
   return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
 }
 
+using QuantizeParams = fa_quantize_params;
+
+// FP8 quantisation of x into out and descale (flashattn.h, fa_quantize_fp8).
+inline Status quantize_fp8(const QuantizeParams& p, const Exec& e = fa_exec_default()) {
+  fa_status c = fa_quantize_fp8(&p, &e);
+  return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
+}
+
 using PlanInfo = fa_plan_info;
 
 // The plan of a call (which kernels, tiles, splits, workspace) without running it.

@@ -405,17 +405,33 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                            return_attn_probs: bool = False, block_table: Optional[Tensor] = None, *,
                            causal_alignment: str = "bottom_right", seqused_k: Optional[Tensor] = None,
-                           learnable_sink: Optional[Tensor] = None) -> Result:
+                           learnable_sink: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                           k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> Result:
     """Variable-length batch: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), int32 cu_seqlens (B + 1).
 
     As flash_attn.flash_attn_varlen_func, paged K/V included: with ``block_table`` (B, max_pages) int32, k and v
     are (num_pages, page_size, Hkv, D/Dv) of any page size, sequence b's keys are the first
     cu_seqlens_k[b + 1] - cu_seqlens_k[b] slots of its pages, and gradients reach the pages. Extensions:
     ``causal_alignment``, and ``seqused_k`` (int32 (B): keys used per sequence). softmax_lse is (Hq, Tq).
-    Not capturable in a CUDA graph: cu_seqlens (and, paged, the used page indices) are read on the host.
+    Not capturable in a CUDA graph: cu_seqlens (and, paged, the used page indices) are read on the host. FP8 q/k/v
+    with ``q_descale`` / ``k_descale`` / ``v_descale`` as in flash_attn_func (the CPU backend; the sm90 FP8 kernel
+    takes batched calls only so far: NotImplementedError naming cu_seqlens_q on CUDA).
     """
+    fp8 = q.dtype == torch.float8_e4m3fn
     if block_table is not None:
-        k, v = _gather_pages(k, v, block_table, cu_seqlens_k)
+        if fp8:  # the pages' bytes (torch indexes no float8 tensor)
+            k, v = _gather_pages(k.view(torch.uint8), v.view(torch.uint8), block_table, cu_seqlens_k)
+            k, v = k.view(torch.float8_e4m3fn), v.view(torch.float8_e4m3fn)
+        else:
+            k, v = _gather_pages(k, v, block_table, cu_seqlens_k)
+    if fp8:
+        out, lse = _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  causal_alignment, learnable_sink, q_descale, k_descale, v_descale)
+        return _result(out, lse, return_attn_probs)
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        _fail("q_descale" if q_descale is not None else "k_descale" if k_descale is not None else "v_descale",
+              f"is for float8_e4m3fn q/k/v only (got {q.dtype})")
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
                           softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment,
                           learnable_sink)

@@ -257,6 +257,8 @@ fa_status fa_quantize_fp8(const fa_quantize_params* params, const fa_exec* exec)
     g_last_error.clear();
     if (params == nullptr) return record(invalid("params", "null pointer"));
     const fa_exec x = exec ? *exec : fa_exec_default();
+    if (x.backend < FA_BACKEND_AUTO || x.backend > FA_BACKEND_CUDA_SM90)
+      return record(invalid("exec.backend", "unknown backend code " + std::to_string(int(x.backend))));
     QuantizeProblem problem;
     if (Error e = validate_quantize(*params, &problem); !e.ok()) return record(e);
     if (problem.device == FA_DEVICE_CPU) {
@@ -267,6 +269,8 @@ fa_status fa_quantize_fp8(const fa_quantize_params* params, const fa_exec* exec)
     }
     if (problem.device != FA_DEVICE_CUDA)
       return record(invalid("x", "unknown device code " + std::to_string(int(problem.device))));
+    if (x.backend == FA_BACKEND_CPU)
+      return record(invalid("exec.backend", "the CPU backend needs CPU tensors (x is on CUDA)"));
 #ifdef FLASHATTN_WITH_CUDA
     if (Error e = quantize_fp8_cuda(problem, x.stream); !e.ok()) return record(e);
     return FA_OK;

@@ -180,3 +180,27 @@ def test_with_kvcache_fp8_appends_and_attends(device, paged):
     with pytest.raises(ValueError, match="rotary_cos: is not applied to float8_e4m3fn"):
         flashattn.flash_attn_with_kvcache(q8, kc8, vc8, k=kn8, v=vn8, cache_seqlens=lens, **args,
                                           rotary_cos=torch.ones(200, 8), rotary_sin=torch.zeros(200, 8))
+
+
+def test_varlen_fp8_equals_per_sequence_calls():
+    """flash_attn_varlen_func on FP8 (the CPU backend; CUDA names the refusal until the sm90 kernel takes varlen):
+    each packed sequence's rows equal flash_attn_func on that sequence alone, with its factors."""
+    g = torch.Generator().manual_seed(8)
+    lens_q, hq, hkv, d = [3, 0, 40], 4, 2, 64
+    cu_q = torch.tensor([0, 3, 3, 43], dtype=torch.int32)
+    cu_k = torch.tensor([0, 17, 26, 126], dtype=torch.int32)
+    q, k, v = (torch.randn(1, n, h, d, generator=g) for n, h in ((43, hq), (126, hkv), (126, hkv)))
+    (q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t) for t in (q, k, v))
+    # Factors per sequence: the packed tensor's, one row per sequence (B = 3).
+    per_seq = {name: f.expand(3, -1).contiguous() for name, f in (("q_descale", qd), ("k_descale", kd),
+                                                                   ("v_descale", vd))}
+    out, lse, _ = flashattn.flash_attn_varlen_func(q8[0], k8[0], v8[0], cu_q, cu_k, 40, 100, causal=True,
+                                                   return_attn_probs=True, **per_seq)
+    assert out.dtype == torch.bfloat16 and out.shape == (43, hq, d) and lse.shape == (hq, 43)
+    for b in range(3):
+        if lens_q[b] == 0:
+            continue
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        want = flash_attn_func(q8[:, qs], k8[:, ks], v8[:, ks], causal=True, q_descale=qd, k_descale=kd,
+                               v_descale=vd)
+        assert (out[qs].float() - want[0].float()).abs().max().item() < 2e-2
