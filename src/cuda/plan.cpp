@@ -112,8 +112,9 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
   // The transposed V's rows are padded (16 keys; varlen: each sequence to kVtSeqAlign) and addressed by TMA.
   if (p.fp8() && (p.varlen ? p.total_k + int64_t(kVtSeqAlign) * (p.batch + 1) : p.seqlen_k + 15) > kMaxTmaCoord)
     return "k: the cuda-sm90 FP8 forward takes at most 2^31 - 1 keys in its padded copy of V";
-  if (p.fp8() && p.paged())
-    return "block_table: the cuda-sm90 FP8 forward reads contiguous K/V only so far (the CPU backend takes paged FP8)";
+  // A cache without pages has no TMA descriptor to encode; 16-bit calls gather it (every key 0), FP8 has no gather.
+  if (p.fp8() && p.paged() && p.num_pages == 0)
+    return "k: the cuda-sm90 FP8 forward needs a paged cache with at least one page (got 0)";
   return sm90_tma_unfit(p);
 }
 

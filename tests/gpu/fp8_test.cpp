@@ -38,6 +38,7 @@ struct Fp8Case {
   int descale = 1;  // 0: none, 1: q/k/v per KV head, 2: q per query head
   std::vector<int32_t> seqused_k;
   std::vector<int32_t> lens_q, lens_k;  // varlen (batch, sq, sk unused) when given
+  int64_t page_size = 0;                 // > 0: K/V in pages of this many keys (batched), sk keys used per sequence
   bool sinks = false;
   int num_splits = 0;
   int64_t value_dim() const { return dv ? dv : d; }
@@ -82,6 +83,28 @@ void run_fp8(const Fp8Case& c) {
       std::fill_n(hk.begin() + k_row(b, j) * c.hkv * c.d, c.hkv * c.d, uint8_t(0xff));
       std::fill_n(hv.begin() + k_row(b, j) * c.hkv * dv, c.hkv * dv, uint8_t(0xff));
     }
+  // Paged: the same rows in pages of a shuffled block table (one spare page), the cache's key length sk via seqused_k.
+  const bool paged = c.page_size > 0;
+  const int64_t pages_per = paged ? (c.sk + c.page_size - 1) / c.page_size : 0, num_pages = B * pages_per + 1;
+  std::vector<int32_t> table;
+  std::vector<int32_t> used(c.seqused_k);
+  if (paged) {
+    std::vector<int32_t> perm(size_t(num_pages));
+    for (int64_t i = 0; i < num_pages; ++i) perm[size_t(i)] = int32_t(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table.assign(perm.begin(), perm.begin() + B * pages_per);
+    std::vector<uint8_t> pk = codes(size_t(num_pages * c.page_size * c.hkv * c.d)),
+                         pv = codes(size_t(num_pages * c.page_size * c.hkv * dv));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < c.sk; ++j) {
+        const int64_t page = table[size_t(b * pages_per + j / c.page_size)], slot = page * c.page_size + j % c.page_size;
+        std::copy_n(hk.begin() + k_row(b, j) * c.hkv * c.d, c.hkv * c.d, pk.begin() + slot * c.hkv * c.d);
+        std::copy_n(hv.begin() + k_row(b, j) * c.hkv * dv, c.hkv * dv, pv.begin() + slot * c.hkv * dv);
+      }
+    hk.swap(pk);
+    hv.swap(pv);
+    if (used.empty()) used.assign(size_t(B), int32_t(c.sk));
+  }
   std::uniform_real_distribution<float> factor(0.5f / 64.f, 2.f / 64.f);
   const int64_t q_heads = c.descale == 2 ? c.hq : c.hkv;
   std::vector<float> qd(size_t(B * q_heads)), kd(size_t(B * c.hkv)), vd(size_t(B * c.hkv)), sinks(size_t(c.hq));
@@ -89,10 +112,11 @@ void run_fp8(const Fp8Case& c) {
     for (float& x : *f) x = factor(rng);
   for (float& s : sinks) s = std::uniform_real_distribution<float>(-2.f, 4.f)(rng);
 
-  DeviceBuffer<uint8_t> dq(nq), dk(nk), dvv(nv);
+  DeviceBuffer<uint8_t> dq(nq), dk(hk.size()), dvv(hv.size());
   DeviceBuffer<uint16_t> dout(no);
   DeviceBuffer<float> dlse(nl), dqd(qd.size()), dkd(kd.size()), dvd(vd.size()), dsinks(sinks.size());
-  DeviceBuffer<int32_t> dused(c.seqused_k.size()), dcu_q(cu_q.size()), dcu_k(cu_k.size());
+  DeviceBuffer<int32_t> dused(used.size()), dcu_q(cu_q.size()), dcu_k(cu_k.size()), dtable(table.size());
+  if (paged) dtable.upload(table);
   dcu_q.upload(cu_q);
   dcu_k.upload(cu_k);
   dq.upload(hq);
@@ -102,13 +126,12 @@ void run_fp8(const Fp8Case& c) {
   dkd.upload(kd);
   dvd.upload(vd);
   dsinks.upload(sinks);
-  std::vector<int32_t> used(c.seqused_k);
   if (!used.empty()) dused.upload(used);
   ASSERT_EQ(cudaMemset(dout.ptr, 0xff, no * sizeof(uint16_t)), cudaSuccess);
   ASSERT_EQ(cudaMemset(dlse.ptr, 0xff, nl * sizeof(float)), cudaSuccess);
 
   auto params = [&](fa_device dev, void* q, void* k, void* v, void* out, void* lse, void* qdp, void* kdp, void* vdp,
-                    void* usedp, void* sinkp, void* cuq, void* cuk) {
+                    void* usedp, void* sinkp, void* cuq, void* cuk, void* tablep) {
     fa_fwd_params p{};
     p.attn = fa_attention_default();
     if (varlen) {
@@ -121,6 +144,13 @@ void run_fp8(const Fp8Case& c) {
       p.attn.cu_seqlens_k = dense(cuk, FA_INT32, dev, {B + 1});
       p.attn.max_seqlen_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
       p.attn.max_seqlen_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
+    } else if (paged) {
+      p.attn.q = dense(q, FA_FLOAT8_E4M3, dev, {B, c.sq, c.hq, c.d});
+      p.attn.k = dense(k, FA_FLOAT8_E4M3, dev, {num_pages, c.page_size, c.hkv, c.d});
+      p.attn.v = dense(v, FA_FLOAT8_E4M3, dev, {num_pages, c.page_size, c.hkv, dv});
+      p.attn.block_table = dense(tablep, FA_INT32, dev, {B, pages_per});
+      p.out = dense(out, FA_BFLOAT16, dev, {B, c.sq, c.hq, dv});
+      p.lse = dense(lse, FA_FLOAT32, dev, {B, c.hq, c.sq});
     } else {
       p.attn.q = dense(q, FA_FLOAT8_E4M3, dev, {B, c.sq, c.hq, c.d});
       p.attn.k = dense(k, FA_FLOAT8_E4M3, dev, {B, c.sk, c.hkv, c.d});
@@ -133,7 +163,7 @@ void run_fp8(const Fp8Case& c) {
       p.attn.k_descale = dense(kdp, FA_FLOAT32, dev, {B, c.hkv});
       p.attn.v_descale = dense(vdp, FA_FLOAT32, dev, {B, c.hkv});
     }
-    if (!c.seqused_k.empty()) p.attn.seqused_k = dense(usedp, FA_INT32, dev, {B});
+    if (!used.empty()) p.attn.seqused_k = dense(usedp, FA_INT32, dev, {B});
     if (c.sinks) p.attn.sinks = dense(sinkp, FA_FLOAT32, dev, {c.hq});
     p.attn.causal = c.causal;
     p.attn.causal_alignment = c.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
@@ -142,7 +172,7 @@ void run_fp8(const Fp8Case& c) {
     return p;
   };
   fa_fwd_params gp = params(FA_DEVICE_CUDA, dq.ptr, dk.ptr, dvv.ptr, dout.ptr, dlse.ptr, dqd.ptr, dkd.ptr, dvd.ptr,
-                            dused.ptr, dsinks.ptr, dcu_q.ptr, dcu_k.ptr);
+                            dused.ptr, dsinks.ptr, dcu_q.ptr, dcu_k.ptr, dtable.ptr);
   fa_exec exec = fa_exec_default();
   exec.num_splits = c.num_splits;
   const fa_status status = fa_forward(&gp, &exec);
@@ -156,7 +186,7 @@ void run_fp8(const Fp8Case& c) {
   std::vector<uint16_t> host_out(no);
   std::vector<float> host_lse(nl);
   fa_fwd_params hp = params(FA_DEVICE_CPU, hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(), qd.data(),
-                            kd.data(), vd.data(), used.data(), sinks.data(), cu_q.data(), cu_k.data());
+                            kd.data(), vd.data(), used.data(), sinks.data(), cu_q.data(), cu_k.data(), table.data());
   flashattn::detail::Problem prob;
   const flashattn::detail::Requirements cpu_req{0, 1, true, "cpu"};
   auto e = flashattn::detail::validate(hp.attn, hp.out, hp.lse, nullptr, nullptr, nullptr, nullptr,
@@ -264,6 +294,18 @@ std::vector<Fp8Case> fp8_cases() {
   add("fp8_varlen_d64_seqused_nan",
       [](Fp8Case& c) { c.lens_q = {3, 9}, c.lens_k = {500, 90}, c.d = 64, c.seqused_k = {129, 90}; });
   add("fp8_varlen_d256_long", [](Fp8Case& c) { c.lens_q = {1000, 1500}, c.lens_k = {1100, 1500}, c.d = 256; });
+  // Paged caches, every load path of K: whole-block TMA boxes (page 256 at d64: a multiple of block_k 128), 16-row
+  // boxes (pages 16, 48; d128 non-causal has 192-key blocks), the producer warp's cp.async rows (pages 1, 3); V is
+  // the transposed copy gathered through the table.
+  for (auto [page, d, causal] : {std::tuple<int64_t, int64_t, bool>{256, 64, false}, {16, 128, false}, {48, 128, true},
+                                 {1, 256, false}, {3, 64, true}, {256, 128, false}}) {
+    add("fp8_paged" + std::to_string(page) + "_d" + std::to_string(d) + (causal ? "_causal" : ""),
+        [&](Fp8Case& c) { c.batch = 2, c.sq = 33, c.sk = 700, c.hq = 4, c.hkv = 2, c.d = d, c.page_size = page,
+                          c.causal = causal; });
+  }
+  add("fp8_paged16_decode_split_seqused", [](Fp8Case& c) {
+    c.batch = 3, c.sq = 1, c.sk = 3000, c.hq = 8, c.hkv = 2, c.page_size = 16, c.seqused_k = {3000, 1777, 1};
+  });
   return v;
 }
 

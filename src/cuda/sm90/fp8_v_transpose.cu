@@ -1,10 +1,12 @@
 // The FP8 forward's V transpose (sm90/fwd_traits.cuh, Fp8Operands): wgmma reads 8-bit B operands K-major only, so
-// ahead of the kernel V (B, Sk, Hkv, Dv) is copied into the plan's workspace as v_t[b][kv head][column][key] (varlen
-// V (Tk, Hkv, Dv): v_t[kv head][column][key], sequence b's keys from v_t_seq_start), each 16 keys in the order the P
-// operand's registers hold them (key 16g + i at column 16g + fp8_key_column(i)). Keys at or past a sequence's length
-// (seqused_k, clamped as the kernels do) are zeros up to the row's padding (batched: v_t_keys; varlen: the next
-// kVtSeqAlign boundary), so the kernel's P.V never meets stale or non-finite V (P is 0 there, and 0 * NaN would
-// not be).
+// ahead of the kernel V is copied into the plan's workspace transposed, each 16 keys in the order the P operand's
+// registers hold them (key 16g + i at column 16g + fp8_key_column(i)):
+//   batched V (B, Sk, Hkv, Dv), or paged (its pages through the block table, Sk the capacity):
+//     v_t[b][kv head][column][key];
+//   varlen V (Tk, Hkv, Dv): v_t[kv head][column][key], sequence b's keys from v_t_seq_start.
+// Keys at or past a sequence's length (seqused_k, clamped as the kernels do) are zeros up to the row's padding
+// (batched and paged: v_t_keys; varlen: the next kVtSeqAlign boundary), so the kernel's P.V never meets stale or
+// non-finite V (P is 0 there, and 0 * NaN would not be).
 #include <algorithm>
 
 #include "cuda/sm90/fwd_params.hpp"
@@ -33,12 +35,23 @@ __global__ void __launch_bounds__(kThreads) fp8_v_transpose_kernel(const __grid_
     // The keys of this sequence's span of the row: batched the whole row, varlen up to its next aligned boundary.
     const int64_t span = varlen ? (int64_t(full) + kVtSeqAlign - 1) / kVtSeqAlign * kVtSeqAlign : p.v_t_keys;
     if (k0 >= span) continue;  // uniform over the CTA: no barrier is skipped by some threads only
-    const uint8_t* v = static_cast<const uint8_t*>(p.v) +
-                       (varlen ? int64_t(p.cu_seqlens_k[b]) * p.v_row : int64_t(b) * p.v_batch) + int64_t(h) * p.v_head;
+    const uint8_t* v = static_cast<const uint8_t*>(p.v) + int64_t(h) * p.v_head;
+    // Key j's row: paged through the block table (a page index outside the cache reads as zeros, as the kernels
+    // read it), varlen from the sequence's first row, else the batch entry's rows.
+    auto row_of = [&](int j) -> const uint8_t* {
+      if (p.block_table != nullptr) {
+        const int page = p.block_table[int64_t(b) * p.block_table_stride + j / p.page_size];
+        if (page < 0 || page >= p.num_pages) return nullptr;
+        return v + int64_t(page) * p.v_batch + int64_t(j % p.page_size) * p.v_row;
+      }
+      if (varlen) return v + (int64_t(p.cu_seqlens_k[b]) + j) * p.v_row;
+      return v + int64_t(b) * p.v_batch + int64_t(j) * p.v_row;
+    };
     for (int i = int(threadIdx.x); i < kKeys * chunks; i += kThreads) {
       const int key = i / chunks, chunk = i % chunks;
       uint4 x = make_uint4(0, 0, 0, 0);
-      if (k0 + key < len) x = *reinterpret_cast<const uint4*>(v + int64_t(k0 + key) * p.v_row + chunk * 16);
+      const uint8_t* row = k0 + key < len ? row_of(k0 + key) : nullptr;
+      if (row != nullptr) x = *reinterpret_cast<const uint4*>(row + chunk * 16);
       *reinterpret_cast<uint4*>(&tile[key][chunk * 16]) = x;
     }
     __syncthreads();

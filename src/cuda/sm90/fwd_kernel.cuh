@@ -61,6 +61,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   pipe_params.num_producers = p.paged_rows ? Load::kProducerWarpThreads : 1;
   pipe_params.num_consumers = Traits::kConsumerThreads;
   Pipeline pipe_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
+  // FP8 reads V from its transposed copy with TMA whatever K's paging (fwd_load.cuh).
+  if constexpr (Traits::kVTransposed) {
+    pipe_params.is_leader = is_tma_thread;
+    pipe_params.num_producers = 1;
+  }
   Pipeline pipe_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
   __syncthreads();  // every mbarrier is initialised before anyone waits on it
 
