@@ -358,6 +358,17 @@ TEST(Fp8Forward, UnsupportedOnCudaNamesTheReason) {
   EXPECT_TRUE(msg.find("block_table: the cuda-sm90 FP8 forward reads contiguous K/V only") != std::string::npos ||
               msg.find("float8_e4m3fn inputs run on the cuda-sm90 backend only") != std::string::npos)
       << msg;
+  p.attn.cu_seqlens_q = p.attn.cu_seqlens_k = fa_tensor{};
+  p.attn.q = dense(q.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
+  p.attn.k = dense(k.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
+  p.attn.v = dense(v.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
+  p.out = dense(out.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, {1, 4, 1, 64});
+  p.attn.softcap = 30.f;
+  EXPECT_EQ(fa_forward(&p, nullptr), FA_ERROR_UNSUPPORTED);
+  const std::string softcap = fa_last_error();
+  EXPECT_TRUE(softcap.find("softcap: the cuda-sm90 FP8 forward has no softcap/ALiBi kernel") != std::string::npos ||
+              softcap.find("float8_e4m3fn inputs run on the cuda-sm90 backend only") != std::string::npos)
+      << softcap;
 }
 
 // fa_quantize_fp8 on the GPU writes the CPU's bytes and factors (the same rotation and rounding), with and without
