@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/problem.hpp"
@@ -38,7 +39,7 @@ struct Fp8Case {
   int descale = 1;  // 0: none, 1: q/k/v per KV head, 2: q per query head
   std::vector<int32_t> seqused_k;
   std::vector<int32_t> lens_q, lens_k;  // varlen (batch, sq, sk unused) when given
-  int64_t page_size = 0;                 // > 0: K/V in pages of this many keys (batched), sk keys used per sequence
+  int64_t page_size = 0;                // > 0: K/V in pages of this many keys (batched), sk keys used per sequence
   bool sinks = false;
   int num_splits = 0;
   int64_t value_dim() const { return dv ? dv : d; }
@@ -97,7 +98,8 @@ void run_fp8(const Fp8Case& c) {
                          pv = codes(size_t(num_pages * c.page_size * c.hkv * dv));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < c.sk; ++j) {
-        const int64_t page = table[size_t(b * pages_per + j / c.page_size)], slot = page * c.page_size + j % c.page_size;
+        const int64_t page = table[size_t(b * pages_per + j / c.page_size)],
+                      slot = page * c.page_size + j % c.page_size;
         std::copy_n(hk.begin() + k_row(b, j) * c.hkv * c.d, c.hkv * c.d, pk.begin() + slot * c.hkv * c.d);
         std::copy_n(hv.begin() + k_row(b, j) * c.hkv * dv, c.hkv * dv, pv.begin() + slot * c.hkv * dv);
       }
@@ -297,11 +299,14 @@ std::vector<Fp8Case> fp8_cases() {
   // Paged caches, every load path of K: whole-block TMA boxes (page 256 at d64: a multiple of block_k 128), 16-row
   // boxes (pages 16, 48; d128 non-causal has 192-key blocks), the producer warp's cp.async rows (pages 1, 3); V is
   // the transposed copy gathered through the table.
-  for (auto [page, d, causal] : {std::tuple<int64_t, int64_t, bool>{256, 64, false}, {16, 128, false}, {48, 128, true},
-                                 {1, 256, false}, {3, 64, true}, {256, 128, false}}) {
-    add("fp8_paged" + std::to_string(page) + "_d" + std::to_string(d) + (causal ? "_causal" : ""),
-        [&](Fp8Case& c) { c.batch = 2, c.sq = 33, c.sk = 700, c.hq = 4, c.hkv = 2, c.d = d, c.page_size = page,
-                          c.causal = causal; });
+  const std::tuple<int64_t, int64_t, bool> paged_cases[] = {{256, 64, false}, {16, 128, false}, {48, 128, true},
+                                                            {1, 256, false},  {3, 64, true},    {256, 128, false}};
+  for (const auto& pc : paged_cases) {
+    const int64_t page = std::get<0>(pc), d = std::get<1>(pc);
+    const bool causal = std::get<2>(pc);
+    add("fp8_paged" + std::to_string(page) + "_d" + std::to_string(d) + (causal ? "_causal" : ""), [&](Fp8Case& c) {
+      c.batch = 2, c.sq = 33, c.sk = 700, c.hq = 4, c.hkv = 2, c.d = d, c.page_size = page, c.causal = causal;
+    });
   }
   add("fp8_paged16_decode_split_seqused", [](Fp8Case& c) {
     c.batch = 3, c.sq = 1, c.sk = 3000, c.hq = 8, c.hkv = 2, c.page_size = 16, c.seqused_k = {3000, 1777, 1};
@@ -336,29 +341,34 @@ INSTANTIATE_TEST_SUITE_P(Fp8Sanitizer, Fp8Forward,
                                c.name = "san_fp8_d64_window";
                                c.sq = 150, c.sk = 90, c.d = 64, c.wl = 20, c.wr = 7;
                                return c;
+                             }(),
+                             [] {
+                               Fp8Case c;
+                               c.name = "san_fp8_varlen_causal";
+                               c.lens_q = {5, 0, 130}, c.lens_k = {400, 3, 130}, c.causal = true;
+                               return c;
+                             }(),
+                             [] {
+                               Fp8Case c;
+                               c.name = "san_fp8_paged3";
+                               c.batch = 2, c.sq = 9, c.sk = 200, c.page_size = 3;
+                               return c;
+                             }(),
+                             [] {
+                               Fp8Case c;
+                               c.name = "san_fp8_paged16";
+                               c.batch = 2, c.sq = 9, c.sk = 200, c.page_size = 16, c.d = 64;
+                               return c;
                              }()),
                          [](const testing::TestParamInfo<Fp8Case>& i) { return i.param.name; });
 
 // What the FP8 path does not take on CUDA yet says so, naming the argument.
 TEST(Fp8Forward, UnsupportedOnCudaNamesTheReason) {
   SKIP_WITHOUT_GPU();
-  DeviceBuffer<uint8_t> q(64 * 4), k(64 * 16), v(64 * 16);
+  DeviceBuffer<uint8_t> q(64 * 4), k(64 * 4), v(64 * 4);
   DeviceBuffer<uint16_t> out(64 * 4);
-  DeviceBuffer<int32_t> table(1);
-  table.upload(std::vector<int32_t>{0});
   fa_fwd_params p{};
   p.attn = fa_attention_default();
-  p.attn.q = dense(q.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
-  p.attn.k = dense(k.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 16, 1, 64});  // one page of 16 keys
-  p.attn.v = dense(v.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 16, 1, 64});
-  p.out = dense(out.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, {1, 4, 1, 64});
-  p.attn.block_table = dense(table.ptr, FA_INT32, FA_DEVICE_CUDA, {1, 1});
-  EXPECT_EQ(fa_forward(&p, nullptr), FA_ERROR_UNSUPPORTED);
-  const std::string msg = fa_last_error();
-  EXPECT_TRUE(msg.find("block_table: the cuda-sm90 FP8 forward reads contiguous K/V only") != std::string::npos ||
-              msg.find("float8_e4m3fn inputs run on the cuda-sm90 backend only") != std::string::npos)
-      << msg;
-  p.attn.cu_seqlens_q = p.attn.cu_seqlens_k = fa_tensor{};
   p.attn.q = dense(q.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
   p.attn.k = dense(k.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
   p.attn.v = dense(v.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
