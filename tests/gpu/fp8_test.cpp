@@ -90,7 +90,7 @@ void run_fp8(const Fp8Case& c) {
   std::vector<int32_t> table;
   std::vector<int32_t> used(c.seqused_k);
   if (paged) {
-    std::vector<int32_t> perm(size_t(num_pages));
+    std::vector<int32_t> perm(static_cast<size_t>(num_pages));
     for (int64_t i = 0; i < num_pages; ++i) perm[size_t(i)] = int32_t(i);
     std::shuffle(perm.begin(), perm.end(), rng);
     table.assign(perm.begin(), perm.begin() + B * pages_per);
