@@ -34,7 +34,9 @@ struct PagedCase {
   bool seqused = true;    // pass seqused_k (else every sequence uses the whole capacity)
 };
 
-inline size_t elem_bytes(fa_dtype t) { return t == FA_FLOAT32 ? 4 : 2; }
+inline size_t elem_bytes(fa_dtype t) { return t == FA_FLOAT32 ? 4 : t == FA_FLOAT8_E4M3 ? 1 : 2; }
+// What out is stored in: bfloat16 for FP8 inputs (flashattn.h).
+inline fa_dtype out_dtype(fa_dtype t) { return t == FA_FLOAT8_E4M3 ? FA_BFLOAT16 : t; }
 
 // Host images of every tensor of a case.
 struct PagedData {
@@ -44,6 +46,10 @@ struct PagedData {
 };
 
 inline void put(std::vector<uint8_t>& buf, fa_dtype t, size_t i, float x) {
+  if (t == FA_FLOAT8_E4M3) {  // the values as e4m3 codes (no factors: the call passes none); NaN stays NaN
+    buf[i] = cpu::float_to_e4m3(x);
+    return;
+  }
   if (t == FA_FLOAT32) {
     std::memcpy(buf.data() + 4 * i, &x, 4);
     return;
@@ -128,13 +134,15 @@ inline fa_fwd_params make_params(const PagedCase& c, const PagedData& g, const B
   if (c.seqused) p.attn.seqused_k = fa_make_tensor(m.used, FA_INT32, dev, 1, us);
   p.attn.causal = c.causal;
   p.attn.window_left = c.window_left;
-  p.out = fa_make_tensor(m.out, c.dtype, dev, 4, os);
+  p.out = fa_make_tensor(m.out, out_dtype(c.dtype), dev, 4, os);
   p.lse = fa_make_tensor(m.lse, FA_FLOAT32, dev, 3, ls);
   return p;
 }
 
-// Element i of an output image as float (16-bit storage decoded), for checks of what a call wrote.
+// Element i of an output image as float (16-bit storage decoded), for checks of what a call wrote. `t`: the
+// inputs' dtype (FP8 writes bfloat16).
 inline float get(const std::vector<uint8_t>& buf, fa_dtype t, size_t i) {
+  t = out_dtype(t);
   if (t == FA_FLOAT32) {
     float x;
     std::memcpy(&x, buf.data() + 4 * i, 4);

@@ -16,7 +16,7 @@ struct Outputs {
 };
 
 fa_status run(const PagedCase& c, PagedData& g, bool paged, Outputs* r, fa_fwd_params* edit = nullptr) {
-  r->out.assign(size_t(c.batch * c.sq * c.hq * c.dv) * elem_bytes(c.dtype), 0xff);
+  r->out.assign(size_t(c.batch * c.sq * c.hq * c.dv) * elem_bytes(out_dtype(c.dtype)), 0xff);
   r->lse.assign(size_t(c.batch * c.hq * c.sq), 0.f);
   Buffers m{g.q.data(),
             paged ? g.k_pages.data() : g.k_contig.data(),
@@ -59,6 +59,8 @@ TEST(Paged, EqualsContiguous) {
       make("bf16 page 16",            FA_BFLOAT16, 16, 4, {64, 17, 33}, 1, false),
       make("bf16 page 16 causal q 7", FA_BFLOAT16, 16, 4, {50, 7, 64}, 7, true),
       make("fp16 page 64",            FA_FLOAT16,  64, 2, {100, 128}, 3, false),
+      make("fp8 page 3 causal",       FA_FLOAT8_E4M3, 3, 14, {37, 1, 21}, 5, true),
+      make("fp8 page 16",             FA_FLOAT8_E4M3, 16, 4, {64, 17, 33}, 2, false),
   };
   cases.push_back(make("bf16 page 16 table row stride 9", FA_BFLOAT16, 16, 4, {64, 5}, 2, true));
   cases.back().table_pad = 5;

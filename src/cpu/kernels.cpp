@@ -153,8 +153,8 @@ inline void pairs_of_rows(const float* x, int ld, int rows, int cols, uint16_t* 
 }
 #endif
 
-// Turns raw q.k products of one row into logits: scale, softcap, ALiBi, mask. Returns the values the
-// softcap derivative needs in `capped` (nullptr when not wanted).
+// Turns raw q.k products of one row into logits: scale, softcap, ALiBi, mask. With softcap, `capped` (when given)
+// receives the tanh values the softcap derivative needs.
 struct RowTransform {
   float scale, softcap, slope;
   int64_t diag;    // i + mask offset: the ALiBi distance origin
@@ -162,11 +162,15 @@ struct RowTransform {
   bool full;       // every key of the tile visible: the mask loop can be skipped
 };
 
-inline void logits_row(const RowTransform& t, int64_t j0, int n, float* s) {
+inline void logits_row(const RowTransform& t, int64_t j0, int n, float* s, float* capped = nullptr) {
   for (int c = 0; c < n; ++c) s[c] *= t.scale;
   if (t.softcap > 0.f) {
     const float inv = 1.f / t.softcap;
-    for (int c = 0; c < n; ++c) s[c] = t.softcap * tanh_fast(s[c] * inv);
+    for (int c = 0; c < n; ++c) {
+      const float th = tanh_fast(s[c] * inv);
+      if (capped != nullptr) capped[c] = th;
+      s[c] = t.softcap * th;
+    }
   }
   if (t.slope != 0.f) {
     for (int c = 0; c < n; ++c) {
@@ -558,7 +562,8 @@ Error backward_impl(const Problem& p, int threads) {
     FloatBuffer q(size_t(dm.bq) * dm.dp), g(size_t(dm.bq) * dm.dvp), kt(size_t(dm.dp) * dm.bk),
         kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
         dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp),
-        dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp), qdo(cache_qdo ? size_t(cache_floats) : 0);
+        dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp), qdo(cache_qdo ? size_t(cache_floats) : 0),
+        tanh_row(size_t(dm.bk));
     const bool pairs = bf16_dot;
     PairBuffer k_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bk : 0), v_pair_buf(pairs ? size_t(dm.dvp / 2) * dm.bk : 0);
     // Operands of the three GEMMs of P and dS: P^T, dS^T, dS in bf16 rows; K, Q, dO in row pairs.
@@ -573,7 +578,7 @@ Error backward_impl(const Problem& p, int threads) {
     (void)k_pairs, (void)v_pairs, (void)k_rp, (void)q_rp, (void)g_rp, (void)p_t, (void)ds_t, (void)ds_r;
     const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
                     dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data()) &&
-                    (!pairs || (k_pairs && v_pairs && k_rp && q_rp && g_rp && p_t && ds_t && ds_r));
+                    tanh_row.data() && (!pairs || (k_pairs && v_pairs && k_rp && q_rp && g_rp && p_t && ds_t && ds_r));
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -666,7 +671,7 @@ Error backward_impl(const Problem& p, int threads) {
               }
               const int64_t row = qrow(b, i0 + r);
               RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
-              logits_row(t, j0, dm.bk, sr);
+              logits_row(t, j0, dm.bk, sr, tanh_row.data());
               const float lse_r = lse.data()[h * tq + row], d_r = D.data()[h * tq + row];
               if (t.softcap == 0.f && !p.dropout.on) {
                 // The common row (no softcap, no dropout) in vectors: P = e^(s - lse), dS = P (dP - D) scale, with
@@ -681,18 +686,12 @@ Error backward_impl(const Problem& p, int threads) {
                 }
                 continue;
               }
-              const float inv_cap = t.softcap > 0.f ? 1.f / t.softcap : 0.f;
               for (int c = 0; c < dm.bk; ++c) {
                 // Fully masked rows (lse = -inf) have P = 0, not exp(-inf + inf).
                 const float pr = lse_r == kNegInf ? 0.f : exp_nonpositive(sr[c] - lse_r);
-                // d logit / d raw score: scale, times the softcap derivative 1 - tanh^2 (the capped value is
-                // the logit plus the ALiBi bias, so recover it before the bias is subtracted).
-                float dcap = 1.f;
-                if (t.softcap > 0.f && pr != 0.f) {
-                  float dist = float(t.diag - (j0 + c));
-                  float capped = (sr[c] + t.slope * (dist < 0.f ? -dist : dist)) * inv_cap;
-                  dcap = 1.f - capped * capped;
-                }
+                // d logit / d raw score: scale, times the softcap derivative 1 - tanh^2, from the tanh the logit was
+                // made of (the logit plus the ALiBi bias would carry the bias's rounding into it).
+                const float dcap = t.softcap > 0.f && pr != 0.f ? 1.f - tanh_row.data()[c] * tanh_row.data()[c] : 1.f;
                 // Dropout: dV takes Z = P m / (1 - p), dS = P (dZ m / (1 - p) - D) (D = dO.O already has it).
                 const float keep = p.dropout.on && c < cols ? p.dropout.factor(b, H, h, i0 + r, j0 + c) : 1.f;
                 // Masked keys (pr == 0) get dS = 0 exactly; a NaN pr still propagates.

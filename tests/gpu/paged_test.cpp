@@ -39,7 +39,7 @@ struct DeviceCall {
   DeviceBuffer q, k, v, table, used, out, lse;
   fa_fwd_params params;
   DeviceCall(const PagedCase& c, const PagedData& g, bool paged)
-      : out_bytes(size_t(c.batch * c.sq * c.hq * c.dv) * paged_testing::elem_bytes(c.dtype)),
+      : out_bytes(size_t(c.batch * c.sq * c.hq * c.dv) * paged_testing::elem_bytes(paged_testing::out_dtype(c.dtype))),
         lse_n(size_t(c.batch * c.hq * c.sq)),
         q(g.q.size(), g.q.data()),
         k((paged ? g.k_pages : g.k_contig).size(), (paged ? g.k_pages : g.k_contig).data()),
