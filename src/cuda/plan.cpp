@@ -101,9 +101,6 @@ std::string sm90_tma_unfit(const detail::Problem& p) {
 // Why the sm90 forward cannot take the problem (the message of an explicit cuda-sm90 request), or "" when it can.
 std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
   // FP8 runs nowhere else on CUDA: its refusals name what it lacks (no fallback to suggest).
-  if (p.fp8() && needs_score_mods(p))
-    return std::string(p.softcap > 0.f ? "softcap" : "alibi_slopes") +
-           ": the cuda-sm90 FP8 forward has no softcap/ALiBi kernel yet (the CPU backend takes them)";
   if (p.fp8() && p.dropout.on) return "dropout_p: the cuda-sm90 FP8 forward has no dropout (forward-only inference)";
   *instance = sm90::find_fwd(p.dtype, max_head_dim(p), needs_score_mods(p));
   if (p.fp8() && !instance->found())

@@ -41,6 +41,8 @@ struct Fp8Case {
   std::vector<int32_t> lens_q, lens_k;  // varlen (batch, sq, sk unused) when given
   int64_t page_size = 0;                // > 0: K/V in pages of this many keys (batched), sk keys used per sequence
   bool sinks = false;
+  float softcap = 0.f;
+  bool alibi = false;  // slopes per query head
   int num_splits = 0;
   int64_t value_dim() const { return dv ? dv : d; }
   bool varlen() const { return !lens_q.empty(); }
@@ -113,10 +115,14 @@ void run_fp8(const Fp8Case& c) {
   for (auto* f : {&qd, &kd, &vd})
     for (float& x : *f) x = factor(rng);
   for (float& s : sinks) s = std::uniform_real_distribution<float>(-2.f, 4.f)(rng);
+  std::vector<float> slopes(size_t(c.hq));
+  for (float& s : slopes) s = std::uniform_real_distribution<float>(0.05f, 0.5f)(rng);
 
   DeviceBuffer<uint8_t> dq(nq), dk(hk.size()), dvv(hv.size());
   DeviceBuffer<uint16_t> dout(no);
-  DeviceBuffer<float> dlse(nl), dqd(qd.size()), dkd(kd.size()), dvd(vd.size()), dsinks(sinks.size());
+  DeviceBuffer<float> dlse(nl), dqd(qd.size()), dkd(kd.size()), dvd(vd.size()), dsinks(sinks.size()),
+      dslopes(slopes.size());
+  dslopes.upload(slopes);
   DeviceBuffer<int32_t> dused(used.size()), dcu_q(cu_q.size()), dcu_k(cu_k.size()), dtable(table.size());
   if (paged) dtable.upload(table);
   dcu_q.upload(cu_q);
@@ -133,7 +139,7 @@ void run_fp8(const Fp8Case& c) {
   ASSERT_EQ(cudaMemset(dlse.ptr, 0xff, nl * sizeof(float)), cudaSuccess);
 
   auto params = [&](fa_device dev, void* q, void* k, void* v, void* out, void* lse, void* qdp, void* kdp, void* vdp,
-                    void* usedp, void* sinkp, void* cuq, void* cuk, void* tablep) {
+                    void* usedp, void* sinkp, void* cuq, void* cuk, void* tablep, void* slopep) {
     fa_fwd_params p{};
     p.attn = fa_attention_default();
     if (varlen) {
@@ -167,6 +173,8 @@ void run_fp8(const Fp8Case& c) {
     }
     if (!used.empty()) p.attn.seqused_k = dense(usedp, FA_INT32, dev, {B});
     if (c.sinks) p.attn.sinks = dense(sinkp, FA_FLOAT32, dev, {c.hq});
+    if (c.alibi) p.attn.alibi_slopes = dense(slopep, FA_FLOAT32, dev, {c.hq});
+    p.attn.softcap = c.softcap;
     p.attn.causal = c.causal;
     p.attn.causal_alignment = c.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
     p.attn.window_left = c.wl;
@@ -174,7 +182,7 @@ void run_fp8(const Fp8Case& c) {
     return p;
   };
   fa_fwd_params gp = params(FA_DEVICE_CUDA, dq.ptr, dk.ptr, dvv.ptr, dout.ptr, dlse.ptr, dqd.ptr, dkd.ptr, dvd.ptr,
-                            dused.ptr, dsinks.ptr, dcu_q.ptr, dcu_k.ptr, dtable.ptr);
+                            dused.ptr, dsinks.ptr, dcu_q.ptr, dcu_k.ptr, dtable.ptr, dslopes.ptr);
   fa_exec exec = fa_exec_default();
   exec.num_splits = c.num_splits;
   const fa_status status = fa_forward(&gp, &exec);
@@ -187,8 +195,9 @@ void run_fp8(const Fp8Case& c) {
 
   std::vector<uint16_t> host_out(no);
   std::vector<float> host_lse(nl);
-  fa_fwd_params hp = params(FA_DEVICE_CPU, hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(), qd.data(),
-                            kd.data(), vd.data(), used.data(), sinks.data(), cu_q.data(), cu_k.data(), table.data());
+  fa_fwd_params hp =
+      params(FA_DEVICE_CPU, hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(), qd.data(), kd.data(),
+             vd.data(), used.data(), sinks.data(), cu_q.data(), cu_k.data(), table.data(), slopes.data());
   flashattn::detail::Problem prob;
   const flashattn::detail::Requirements cpu_req{0, 1, true, "cpu"};
   auto e = flashattn::detail::validate(hp.attn, hp.out, hp.lse, nullptr, nullptr, nullptr, nullptr,
@@ -308,6 +317,12 @@ std::vector<Fp8Case> fp8_cases() {
       c.batch = 2, c.sq = 33, c.sk = 700, c.hq = 4, c.hkv = 2, c.d = d, c.page_size = page, c.causal = causal;
     });
   }
+  // Score modifiers: q_descale * k_descale inside softcap's tanh, ALiBi in logit units.
+  add("fp8_softcap_causal", [](Fp8Case& c) { c.sq = 200, c.sk = 300, c.softcap = 5.f, c.causal = true; });
+  add("fp8_alibi_gqa", [](Fp8Case& c) { c.sq = 90, c.sk = 400, c.hq = 6, c.hkv = 2, c.alibi = true; });
+  add("fp8_softcap_alibi_d256", [](Fp8Case& c) { c.sq = 64, c.sk = 257, c.d = 256, c.softcap = 20.f, c.alibi = true; });
+  add("fp8_softcap_varlen_d64",
+      [](Fp8Case& c) { c.lens_q = {7, 100}, c.lens_k = {300, 100}, c.d = 64, c.softcap = 3.f, c.causal = true; });
   add("fp8_paged16_decode_split_seqused", [](Fp8Case& c) {
     c.batch = 3, c.sq = 1, c.sk = 3000, c.hq = 8, c.hkv = 2, c.page_size = 16, c.seqused_k = {3000, 1777, 1};
   });
@@ -373,12 +388,12 @@ TEST(Fp8Forward, UnsupportedOnCudaNamesTheReason) {
   p.attn.k = dense(k.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
   p.attn.v = dense(v.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
   p.out = dense(out.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, {1, 4, 1, 64});
-  p.attn.softcap = 30.f;
+  p.attn.dropout_p = 0.1f;
   EXPECT_EQ(fa_forward(&p, nullptr), FA_ERROR_UNSUPPORTED);
-  const std::string softcap = fa_last_error();
-  EXPECT_TRUE(softcap.find("softcap: the cuda-sm90 FP8 forward has no softcap/ALiBi kernel") != std::string::npos ||
-              softcap.find("float8_e4m3fn inputs run on the cuda-sm90 backend only") != std::string::npos)
-      << softcap;
+  const std::string dropout = fa_last_error();
+  EXPECT_TRUE(dropout.find("dropout_p: the cuda-sm90 FP8 forward has no dropout") != std::string::npos ||
+              dropout.find("float8_e4m3fn inputs run on the cuda-sm90 backend only") != std::string::npos)
+      << dropout;
 }
 
 // fa_quantize_fp8 on the GPU writes the CPU's bytes and factors (the same rotation and rounding), with and without

@@ -104,14 +104,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     const auto factors = Traits::Operands::factors(p, tile.t.batch, tile.head0(p));
     auto tOrO = Mainloop::make_acc_o();
     typename Mainloop::Softmax softmax;
-    mainloop.run(p, tile, tOrO, softmax, p.scale_log2 * factors.qk);
+    // With softcap the factor is inside the tanh (ScoreMods) and the logits leave it in logit units.
+    const float logit_qk = Opts::kScoreMods && p.softcap > 0.f ? 1.f : factors.qk;
+    mainloop.run(p, tile, tOrO, softmax, p.scale_log2 * logit_qk, factors.qk);
     // Q is no longer read: unless O is staged in Q's space, the producer may load the next tile's Q right away.
     if constexpr (!Epilogue::kOInQSpace) Load::release_q_space();
 
     float lse[Mainloop::kRowsPerThread], sink[Mainloop::kRowsPerThread];
     Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
     Epilogue::row_sinks(p, tile, wg, tid, sink);
-    softmax.finish(o_rc, p.logit_scale * factors.qk, lse, sink);
+    softmax.finish(o_rc, p.logit_scale * logit_qk, lse, sink);
     Traits::Operands::scale_output(tOrO, factors);
     Epilogue::store(kp, ss, tile, tOrO, lse, wg, tid);
     if constexpr (Epilogue::kOInQSpace) {
