@@ -114,6 +114,9 @@ def test_quantize_fp8_numpy_matches_torch():
     assert (t8.view(torch.uint8).numpy() == n8).all() and (td.numpy() == nd).all()
     plain8, plain_d = flashattn.quantize_fp8(x)
     assert torch.allclose(plain_d, x.abs().amax(dim=(1, 3)) / 448)
+    # A view whose last dimension is strided is made contiguous first: the same bytes.
+    t8_view, _ = flashattn.quantize_fp8(x.transpose(2, 3).contiguous().transpose(2, 3))
+    assert torch.equal(t8_view.view(torch.uint8), plain8.view(torch.uint8))
 
 
 def test_fp8_errors_name_the_argument():
