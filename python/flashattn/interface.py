@@ -137,8 +137,9 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     return dq, dk, dv, dsinks
 
 
-def _custom_op(name: str, tensors: Tuple[str, ...], returns, impl):
-    """torch.library.custom_op of impl(*tensors, *options) under the schema (tensors..., AttnOptions' fields)."""
+def _custom_op(name: str, tensors: Tuple[str, ...], returns, impl, optional_tensors: Tuple[str, ...] = ()):
+    """torch.library.custom_op of impl(*tensors, *optional_tensors, *options) under the schema (tensors...,
+    optional tensors..., AttnOptions' fields)."""
 
     def op(*args):
         return impl(*args)
@@ -146,6 +147,7 @@ def _custom_op(name: str, tensors: Tuple[str, ...], returns, impl):
     param = inspect.Parameter.POSITIONAL_OR_KEYWORD
     op.__signature__ = inspect.Signature(
         [inspect.Parameter(t, param, annotation=Tensor) for t in tensors] +
+        [inspect.Parameter(t, param, annotation=Optional[Tensor]) for t in optional_tensors] +
         [inspect.Parameter(n, param, annotation=_OPTION_TYPES[n]) for n in AttnOptions._fields],
         return_annotation=returns)
     op.__name__ = name.split("::")[-1]
@@ -330,6 +332,30 @@ def _gather_pages(k: Tensor, v: Tensor, block_table: Tensor, cu_seqlens_k: Tenso
     return k.flatten(0, 1)[rows], v.flatten(0, 1)[rows]
 
 
+def _fwd_fp8_impl(q: Tensor, k: Tensor, v: Tensor, q_descale: Optional[Tensor], k_descale: Optional[Tensor],
+                  v_descale: Optional[Tensor], *options) -> Tuple[Tensor, Tensor]:
+    """FP8 q/k/v (their bytes as uint8: torch's DLPack has no float8 code) with their factors; out bfloat16."""
+    o = AttnOptions(*options)
+    out_shape, lse_shape = _fwd_shapes(q, v, o)
+    out = torch.empty(out_shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    as_u8 = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731 (others: named)
+    _call(_C.forward, q, _dl(as_u8(q)), _dl(as_u8(k)), _dl(as_u8(v)), _dl(out), _dl(lse), fp8=True,
+          q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale), **_attn_kwargs(o))
+    return out, lse
+
+
+# The FP8 forward as a custom op (forward only: no autograd formula), so that torch.compile traces it.
+_fwd_fp8 = _custom_op("flashattn::fwd_fp8", ("q", "k", "v"), Tuple[Tensor, Tensor], _fwd_fp8_impl,
+                      optional_tensors=("q_descale", "k_descale", "v_descale"))
+
+
+@_fwd_fp8.register_fake
+def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, *options):
+    out_shape, lse_shape = _fwd_shapes(q, v, AttnOptions(*options))
+    return q.new_empty(out_shape, dtype=torch.bfloat16), q.new_empty(lse_shape, dtype=torch.float32)
+
+
 def _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
                    softmax_scale, causal, window_size, softcap, alibi_slopes, causal_alignment, learnable_sink,
                    q_descale, k_descale, v_descale):
@@ -337,19 +363,15 @@ def _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
     if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
         _fail("q", "float8_e4m3fn attention is forward only (no gradient), as in FlashAttention-3")
     left, right = window_pair(window_size)
-    varlen = cu_seqlens_q is not None
-    out = torch.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-    as_u8 = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731
-    _call(_C.forward, q, _dl(as_u8(q)), _dl(as_u8(k)), _dl(as_u8(v)), _dl(out), _dl(lse), fp8=True,
-          cu_seqlens_q=_dl(cu_seqlens_q), cu_seqlens_k=_dl(cu_seqlens_k), seqused_k=_dl(seqused_k),
-          max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
-          softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
-          causal_alignment=causal_alignment_code(causal_alignment), window_left=left, window_right=right,
-          softcap=float(softcap), alibi_slopes=_dl(alibi_slopes), dropout_p=float(dropout_p),
-          sinks=None if learnable_sink is None else _dl(learnable_sink.float().contiguous()),
-          q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale))
-    return out, lse
+    options = AttnOptions(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                          max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+                          softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
+                          top_left=causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT, window_left=left,
+                          window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
+                          dropout_p=float(dropout_p),
+                          sinks=None if learnable_sink is None else learnable_sink.float().contiguous())
+    inputs = (q, k, v, q_descale, k_descale, v_descale, *options)
+    return _fwd_fp8(*inputs) if torch.compiler.is_compiling() else _fwd_fp8_impl(*inputs)
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,

@@ -21,8 +21,8 @@ the custom op ``flashattn::fwd`` (with the plan's split count).
 FP8 caches (FlashAttention-3's): q, k_cache, v_cache (and new k, v) torch.float8_e4m3fn with the float32 factors
 ``q_descale`` (B, Hkv) or (B, Hq), ``k_descale``, ``v_descale`` (B, Hkv) (flashattn.h, FP8); the new tokens are
 appended as they are (quantised with the cache's factors by the caller, as in FlashAttention-3), out bfloat16; paged FP8
-caches are read in place. Not with rotary (it would rotate quantised values) nor head dims that need padding; always
-eager (no custom op).
+caches are read in place (gathered under torch.compile). Not with rotary (it would rotate quantised values) nor head
+dims that need padding. Under torch.compile the attention is the custom op ``flashattn::fwd_fp8``.
 """
 
 from __future__ import annotations
@@ -284,13 +284,18 @@ def flash_attn_with_kvcache(
         v_keys = v_keys.gather(1, idx[:, :, None, None].expand(-1, -1, heads_kv, head_dim_v))
         used = used - cache_leftpad
     if fp8:  # k_keys, v_keys are the caches' bytes (uint8 views or gathered copies)
+        scale = None if softmax_scale is None else float(softmax_scale)
+        if torch.compiler.is_compiling():  # traced: the FP8 custom op (a paged cache was gathered above)
+            out, lse = torch.ops.flashattn.fwd_fp8(
+                q, k_keys.view(torch.float8_e4m3fn), v_keys.view(torch.float8_e4m3fn), q_descale, k_descale,
+                v_descale, *AttnOptions(seqused_k=used.to(torch.int32), softmax_scale=scale, window_left=left,
+                                        window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes))
+            return (out, lse) if return_softmax_lse else out
         out = torch.empty(q.shape[:-1] + (head_dim_v,), dtype=torch.bfloat16, device=device)
         lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=device)
         _call(_C.forward, q, _dl(q.view(torch.uint8)), _dl(k_keys), _dl(v_keys), _dl(out), _dl(lse),
-              seqused_k=_dl(used.to(torch.int32)),
-              softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=False,
-              window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=_dl(alibi_slopes),
-              num_splits=num_splits,
+              seqused_k=_dl(used.to(torch.int32)), softmax_scale=scale, causal=False, window_left=left,
+              window_right=right, softcap=float(softcap), alibi_slopes=_dl(alibi_slopes), num_splits=num_splits,
               block_table=_dl(block_table) if native_paged else None, fp8=True, q_descale=_dl(q_descale),
               k_descale=_dl(k_descale), v_descale=_dl(v_descale))
         return (out, lse) if return_softmax_lse else out

@@ -255,6 +255,8 @@ def quantize_fp8(x, *, out=None, descale=None, hadamard=False, seed=0, stream=0)
     """
     torch = sys.modules.get("torch") if type(x).__module__.startswith("torch") else None
     if torch is not None and isinstance(x, torch.Tensor):
+        if x.dim() > 0 and x.stride(-1) != 1:
+            x = x.contiguous()  # the C ABI reads rows with a unit-stride last dimension
         if out is None:
             out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         if descale is None:

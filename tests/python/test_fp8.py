@@ -114,6 +114,9 @@ def test_quantize_fp8_numpy_matches_torch():
     assert (t8.view(torch.uint8).numpy() == n8).all() and (td.numpy() == nd).all()
     plain8, plain_d = flashattn.quantize_fp8(x)
     assert torch.allclose(plain_d, x.abs().amax(dim=(1, 3)) / 448)
+    # A view whose last dimension is strided is made contiguous first: the same bytes.
+    t8_view, _ = flashattn.quantize_fp8(x.transpose(2, 3).contiguous().transpose(2, 3))
+    assert torch.equal(t8_view.view(torch.uint8), plain8.view(torch.uint8))
 
 
 def test_fp8_errors_name_the_argument():
@@ -204,3 +207,27 @@ def test_varlen_fp8_equals_per_sequence_calls():
         want = flash_attn_func(q8[:, qs], k8[:, ks], v8[:, ks], causal=True, q_descale=qd, k_descale=kd,
                                v_descale=vd)
         assert (out[qs].float() - want[0].float()).abs().max().item() < 2e-2
+
+
+def test_fp8_traces_under_torch_compile():
+    """torch.compile(fullgraph=True) traces FP8 calls (the custom op flashattn::fwd_fp8): flash_attn_func and a
+    with_kvcache decode step give the eager results."""
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(2, n, h, 64, generator=g) for n, h in ((5, 4), (70, 2), (70, 2)))
+    (q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t) for t in (q, k, v))
+    factors = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+
+    def call(q8, k8, v8):
+        return flash_attn_func(q8, k8, v8, causal=True, **factors)
+
+    want = call(q8, k8, v8)
+    got = torch.compile(call, fullgraph=True, backend="aot_eager")(q8, k8, v8)
+    assert torch.equal(got, want)
+    lens = torch.tensor([30, 64], dtype=torch.int32)
+
+    def step(q8, kc, vc):
+        return flashattn.flash_attn_with_kvcache(q8, kc, vc, cache_seqlens=lens, causal=True, **factors)
+
+    want = step(q8, k8, v8)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(q8, k8, v8)
+    assert torch.equal(got, want)
