@@ -289,6 +289,19 @@ def _fail(argument: str, rule: str):
     raise ValueError(f"{argument}: {rule}")
 
 
+def _fp8_bytes(t: Tensor) -> Tensor:
+    """A float8_e4m3fn tensor as its bytes (uint8 view): torch's DLPack export and its indexing ops take no float8
+    tensor. Other tensors as they are (the core names a wrong dtype)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _check_no_factors(q: Tensor, q_descale, k_descale, v_descale) -> None:
+    """FP8's dequantisation factors given with 16-bit inputs: a named error, as the core's."""
+    for name, f in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if f is not None:
+            _fail(name, f"is for float8_e4m3fn q/k/v only (got {q.dtype})")
+
+
 def _gather_pages(k: Tensor, v: Tensor, block_table: Tensor, cu_seqlens_k: Tensor) -> Tuple[Tensor, Tensor]:
     """flash_attn's paged varlen K/V as packed varlen rows: k, v (num_pages, page_size, Hkv, D/Dv); key t of
     sequence b is slot t % page_size of page block_table[b, t // page_size], and sequence b has
@@ -339,8 +352,7 @@ def _fwd_fp8_impl(q: Tensor, k: Tensor, v: Tensor, q_descale: Optional[Tensor], 
     out_shape, lse_shape = _fwd_shapes(q, v, o)
     out = torch.empty(out_shape, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    as_u8 = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731 (others: named)
-    _call(_C.forward, q, _dl(as_u8(q)), _dl(as_u8(k)), _dl(as_u8(v)), _dl(out), _dl(lse), fp8=True,
+    _call(_C.forward, q, _dl(_fp8_bytes(q)), _dl(_fp8_bytes(k)), _dl(_fp8_bytes(v)), _dl(out), _dl(lse), fp8=True,
           q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale), **_attn_kwargs(o))
     return out, lse
 
@@ -394,9 +406,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                                   softcap, alibi_slopes, causal_alignment, learnable_sink, q_descale, k_descale,
                                   v_descale)
         return _result(out, lse, return_attn_probs)
-    if q_descale is not None or k_descale is not None or v_descale is not None:
-        _fail("q_descale" if q_descale is not None else "k_descale" if k_descale is not None else "v_descale",
-              f"is for float8_e4m3fn q/k/v only (got {q.dtype})")
+    _check_no_factors(q, q_descale, k_descale, v_descale)
     out, lse = _attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
                           alibi_slopes, deterministic, causal_alignment, learnable_sink)
     return _result(out, lse, return_attn_probs)
@@ -440,8 +450,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     """
     fp8 = q.dtype == torch.float8_e4m3fn
     if block_table is not None:
-        if fp8:  # the pages' bytes (torch indexes no float8 tensor)
-            k, v = _gather_pages(k.view(torch.uint8), v.view(torch.uint8), block_table, cu_seqlens_k)
+        if fp8:  # the pages' bytes
+            k, v = _gather_pages(_fp8_bytes(k), _fp8_bytes(v), block_table, cu_seqlens_k)
             k, v = k.view(torch.float8_e4m3fn), v.view(torch.float8_e4m3fn)
         else:
             k, v = _gather_pages(k, v, block_table, cu_seqlens_k)
@@ -450,9 +460,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   causal_alignment, learnable_sink, q_descale, k_descale, v_descale)
         return _result(out, lse, return_attn_probs)
-    if q_descale is not None or k_descale is not None or v_descale is not None:
-        _fail("q_descale" if q_descale is not None else "k_descale" if k_descale is not None else "v_descale",
-              f"is for float8_e4m3fn q/k/v only (got {q.dtype})")
+    _check_no_factors(q, q_descale, k_descale, v_descale)
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
                           softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment,
                           learnable_sink)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from .interface import AttnOptions, _call, _fail, _pad_head_dim
+from .interface import AttnOptions, _call, _check_no_factors, _fail, _fp8_bytes, _pad_head_dim
 from .ops import _export as _dl
 from .ops import window_pair
 
@@ -117,9 +117,8 @@ def flash_attn_with_kvcache(
     batch, seqlen_q, heads_q, head_dim = q.shape
     device = q.device
     fp8 = q.dtype == torch.float8_e4m3fn
-    if not fp8 and (q_descale is not None or k_descale is not None or v_descale is not None):
-        _fail("q_descale" if q_descale is not None else "k_descale" if k_descale is not None else "v_descale",
-              f"is for float8_e4m3fn q and caches only (got {q.dtype})")
+    if not fp8:
+        _check_no_factors(q, q_descale, k_descale, v_descale)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             _fail(name, "must be a 4-D tensor (batch or pages, seqlen or page_size, heads_kv, head_dim)")
@@ -245,22 +244,19 @@ def flash_attn_with_kvcache(
         cos_q, sin_q = _positions_cos_sin(rotary_cos, rotary_sin, seqlens, seqlen_q, per_token)
         q = _rotate(q, cos_q, sin_q, rotary_interleaved)
 
-    # (ii) the new tokens into the cache, in place (FP8: as bytes, torch indexes no float8 tensor).
-    def raw(t):
-        return t.view(torch.uint8) if fp8 else t
-
+    # (ii) the new tokens into the cache, in place (FP8: as bytes).
     if new > 0:
         pos = seqlens.to(torch.int64)[:, None] + torch.arange(new, device=device)[None, :]  # (B, new)
         if paged:
             page = block_table.to(torch.int64).gather(1, torch.div(pos, page_size, rounding_mode="floor"))
             slot = pos % page_size
-            raw(k_cache)[page, slot] = raw(k)
-            raw(v_cache)[page, slot] = raw(v)
+            _fp8_bytes(k_cache)[page, slot] = _fp8_bytes(k)
+            _fp8_bytes(v_cache)[page, slot] = _fp8_bytes(v)
         else:
             rows = (torch.arange(batch, device=device) if cache_batch_idx is None
                     else cache_batch_idx.to(torch.int64))[:, None].expand(batch, new)
-            raw(k_cache)[rows, pos] = raw(k)
-            raw(v_cache)[rows, pos] = raw(v)
+            _fp8_bytes(k_cache)[rows, pos] = _fp8_bytes(k)
+            _fp8_bytes(v_cache)[rows, pos] = _fp8_bytes(v)
     used = seqlens + new if new else seqlens  # keys each sequence attends to (before leftpad)
 
     # (iii) attention over the valid keys.
@@ -269,13 +265,13 @@ def flash_attn_with_kvcache(
     elif paged:
         # Entries past a sequence's used pages may hold anything (their keys are past seqused_k): any valid page.
         table = block_table.to(torch.int64).clamp(0, k_cache.shape[0] - 1)
-        k_keys = raw(k_cache)[table].flatten(1, 2)  # (B, max_pages * page_size, Hkv, D)
-        v_keys = raw(v_cache)[table].flatten(1, 2)
+        k_keys = _fp8_bytes(k_cache)[table].flatten(1, 2)  # (B, max_pages * page_size, Hkv, D)
+        v_keys = _fp8_bytes(v_cache)[table].flatten(1, 2)
     elif cache_batch_idx is not None:
-        k_keys = raw(k_cache).index_select(0, cache_batch_idx.to(torch.int64))
-        v_keys = raw(v_cache).index_select(0, cache_batch_idx.to(torch.int64))
+        k_keys = _fp8_bytes(k_cache).index_select(0, cache_batch_idx.to(torch.int64))
+        v_keys = _fp8_bytes(v_cache).index_select(0, cache_batch_idx.to(torch.int64))
     else:
-        k_keys, v_keys = raw(k_cache), raw(v_cache)
+        k_keys, v_keys = _fp8_bytes(k_cache), _fp8_bytes(v_cache)
     if cache_leftpad is not None:
         # Keys [leftpad, used) of each row, moved to the front.
         idx = (cache_leftpad.to(torch.int64)[:, None] + torch.arange(capacity, device=device)[None, :])
@@ -293,7 +289,7 @@ def flash_attn_with_kvcache(
             return (out, lse) if return_softmax_lse else out
         out = torch.empty(q.shape[:-1] + (head_dim_v,), dtype=torch.bfloat16, device=device)
         lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=device)
-        _call(_C.forward, q, _dl(q.view(torch.uint8)), _dl(k_keys), _dl(v_keys), _dl(out), _dl(lse),
+        _call(_C.forward, q, _dl(_fp8_bytes(q)), _dl(k_keys), _dl(v_keys), _dl(out), _dl(lse),
               seqused_k=_dl(used.to(torch.int32)), softmax_scale=scale, causal=False, window_left=left,
               window_right=right, softcap=float(softcap), alibi_slopes=_dl(alibi_slopes), num_splits=num_splits,
               block_table=_dl(block_table) if native_paged else None, fp8=True, q_descale=_dl(q_descale),
