@@ -446,8 +446,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     cu_seqlens_k[b + 1] - cu_seqlens_k[b] slots of its pages, and gradients reach the pages. Extensions:
     ``causal_alignment``, and ``seqused_k`` (int32 (B): keys used per sequence). softmax_lse is (Hq, Tq).
     Not capturable in a CUDA graph: cu_seqlens (and, paged, the used page indices) are read on the host. FP8 q/k/v
-    with ``q_descale`` / ``k_descale`` / ``v_descale`` as in flash_attn_func (the CPU backend; the sm90 FP8 kernel
-    takes batched calls only so far: NotImplementedError naming cu_seqlens_q on CUDA).
+    with ``q_descale`` / ``k_descale`` / ``v_descale`` (one row per sequence) as in flash_attn_func.
     """
     fp8 = q.dtype == torch.float8_e4m3fn
     if block_table is not None:

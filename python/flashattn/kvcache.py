@@ -20,9 +20,9 @@ the custom op ``flashattn::fwd`` (with the plan's split count).
 
 FP8 caches (FlashAttention-3's): q, k_cache, v_cache (and new k, v) torch.float8_e4m3fn with the float32 factors
 ``q_descale`` (B, Hkv) or (B, Hq), ``k_descale``, ``v_descale`` (B, Hkv) (flashattn.h, FP8); the new tokens are
-appended as they are (quantised with the cache's factors by the caller, as in FlashAttention-3), out bfloat16. Not
-with rotary (it would rotate quantised values) nor head dims that need padding. Under torch.compile the attention is
-the custom op ``flashattn::fwd_fp8``.
+appended as they are (quantised with the cache's factors by the caller, as in FlashAttention-3), out bfloat16; paged FP8
+caches are read in place (gathered under torch.compile). Not with rotary (it would rotate quantised values) nor head
+dims that need padding. Under torch.compile the attention is the custom op ``flashattn::fwd_fp8``.
 """
 
 from __future__ import annotations
@@ -207,9 +207,7 @@ def flash_attn_with_kvcache(
     # Paged caches are read by the library itself (the C ABI's block_table) in eager calls whose head dims need no
     # padding, so only an append (a write) checks the table. The CUDA read paths (sm90 TMA boxes, the gathered
     # copy) are tests/gpu/paged_test.cpp's (passed on the H200: bench/results/2026-12-01_h200_session11/).
-    # (FP8 on CUDA: gathered, since the sm90 FP8 kernel reads contiguous caches only so far.)
-    native_paged = (paged and not torch.compiler.is_compiling() and head_dim % 8 == 0 and head_dim_v % 8 == 0 and
-                    not (fp8 and device.type == "cuda"))
+    native_paged = (paged and not torch.compiler.is_compiling() and head_dim % 8 == 0 and head_dim_v % 8 == 0)
     gathers = (paged and not native_paged) or cache_batch_idx is not None or cache_leftpad is not None
     if (new > 0 or gathers) and _values_checkable():
         checks = [("cache_seqlens", seqlens < 0, "entries must be >= 0"),

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/descale.hpp"
+#include "core/host_device.hpp"
 #include "core/dropout.hpp"
 #include "flashattn/flashattn.h"
 
@@ -80,5 +81,15 @@ struct FwdParams {
   void* v_t = nullptr;
   int64_t v_t_keys = 0;
 };
+
+// FP8's transposed V: where sequence b's keys start in a row of the copy. Batched calls have a row per batch entry
+// (start 0). Varlen sequences share one row, each starting on a kVtSeqAlign boundary with its padding zeroed, so that
+// no key block a kernel loads (block_k divides kVtSeqAlign) reaches into the next sequence's values.
+constexpr int kVtSeqAlign = 384;  // a multiple of every FP8 block_k (sm90/tiles.hpp: 128, 192)
+FA_HOST_DEVICE int64_t v_t_seq_start(const int32_t* cu_seqlens_k, int b) {
+  return cu_seqlens_k == nullptr
+             ? 0
+             : int64_t(kVtSeqAlign) * ((int64_t(cu_seqlens_k[b]) + kVtSeqAlign - 1) / kVtSeqAlign + b);
+}
 
 }  // namespace flashattn::cuda

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cuda/device.hpp"
+#include "cuda/fwd_params.hpp"
 #include "cuda/bwd_params.hpp"
 #include "cuda/host_common.hpp"
 #include "cuda/sm80/tiles.hpp"
@@ -100,9 +101,6 @@ std::string sm90_tma_unfit(const detail::Problem& p) {
 // Why the sm90 forward cannot take the problem (the message of an explicit cuda-sm90 request), or "" when it can.
 std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
   // FP8 runs nowhere else on CUDA: its refusals name what it lacks (no fallback to suggest).
-  if (p.fp8() && needs_score_mods(p))
-    return std::string(p.softcap > 0.f ? "softcap" : "alibi_slopes") +
-           ": the cuda-sm90 FP8 forward has no softcap/ALiBi kernel yet (the CPU backend takes them)";
   if (p.fp8() && p.dropout.on) return "dropout_p: the cuda-sm90 FP8 forward has no dropout (forward-only inference)";
   *instance = sm90::find_fwd(p.dtype, max_head_dim(p), needs_score_mods(p));
   if (p.fp8() && !instance->found())
@@ -116,12 +114,12 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
   if (p.fp8() && (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0))
     return "q: the cuda-sm90 FP8 forward needs head_dim and head_dim_v multiples of 16 (got " +
            std::to_string(p.head_dim) + ", " + std::to_string(p.head_dim_v) + ")";
-  if (p.fp8() && p.seqlen_k > kMaxTmaCoord - 15)  // the transposed V's rows are padded to 16 keys
-    return "k: the cuda-sm90 FP8 forward takes at most 2^31 - 16 keys";
-  if (p.fp8() && p.varlen)
-    return "cu_seqlens_q: the cuda-sm90 FP8 forward takes batched calls only so far (the CPU backend takes varlen FP8)";
-  if (p.fp8() && p.paged())
-    return "block_table: the cuda-sm90 FP8 forward reads contiguous K/V only so far (the CPU backend takes paged FP8)";
+  // The transposed V's rows are padded (16 keys; varlen: each sequence to kVtSeqAlign) and addressed by TMA.
+  if (p.fp8() && (p.varlen ? p.total_k + int64_t(kVtSeqAlign) * (p.batch + 1) : p.seqlen_k + 15) > kMaxTmaCoord)
+    return "k: the cuda-sm90 FP8 forward takes at most 2^31 - 1 keys in its padded copy of V";
+  // A cache without pages has no TMA descriptor to encode; 16-bit calls gather it (every key 0), FP8 has no gather.
+  if (p.fp8() && p.paged() && p.num_pages == 0)
+    return "k: the cuda-sm90 FP8 forward needs a paged cache with at least one page (got 0)";
   return sm90_tma_unfit(p);
 }
 
@@ -189,9 +187,12 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // FP8: the P.V wgmma reads V K-major (keys contiguous), so the launch first writes V transposed after the rest
   // of the workspace, 16-key aligned rows (FwdParams::v_t).
   if (p.fp8()) {
-    f.v_t_keys = (std::max<int64_t>(p.seqlen_k, 1) + 15) / 16 * 16;
+    // Batched: a row of 16-key aligned keys per batch entry. Varlen: one row of every sequence, each on a kVtSeqAlign
+    // boundary (v_t_seq_start), the last one's padding included.
+    f.v_t_keys = p.varlen ? kVtSeqAlign * ((p.total_k + kVtSeqAlign - 1) / kVtSeqAlign + p.batch)
+                          : (std::max<int64_t>(p.seqlen_k, 1) + 15) / 16 * 16;
     f.v_t_offset = (f.workspace_bytes + SplitWorkspace::kAlign) / SplitWorkspace::kAlign * SplitWorkspace::kAlign;
-    f.workspace_bytes = f.v_t_offset + p.batch * p.heads_kv * p.head_dim_v * f.v_t_keys;
+    f.workspace_bytes = f.v_t_offset + (p.varlen ? 1 : p.batch) * p.heads_kv * p.head_dim_v * f.v_t_keys;
   }
   return detail::ok();
 }

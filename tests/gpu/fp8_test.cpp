@@ -8,11 +8,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/problem.hpp"
@@ -36,9 +38,14 @@ struct Fp8Case {
   int64_t wl = -1, wr = -1;
   int descale = 1;  // 0: none, 1: q/k/v per KV head, 2: q per query head
   std::vector<int32_t> seqused_k;
+  std::vector<int32_t> lens_q, lens_k;  // varlen (batch, sq, sk unused) when given
+  int64_t page_size = 0;                // > 0: K/V in pages of this many keys (batched), sk keys used per sequence
   bool sinks = false;
+  float softcap = 0.f;
+  bool alibi = false;  // slopes per query head
   int num_splits = 0;
   int64_t value_dim() const { return dv ? dv : d; }
+  bool varlen() const { return !lens_q.empty(); }
 };
 
 fa_tensor dense(void* data, fa_dtype t, fa_device dev, std::initializer_list<int64_t> shape) {
@@ -47,9 +54,25 @@ fa_tensor dense(void* data, fa_dtype t, fa_device dev, std::initializer_list<int
 }
 
 void run_fp8(const Fp8Case& c) {
-  const int64_t dv = c.value_dim(), B = c.batch;
-  const size_t nq = size_t(B * c.sq * c.hq * c.d), nk = size_t(B * c.sk * c.hkv * c.d);
-  const size_t nv = size_t(B * c.sk * c.hkv * dv), no = size_t(B * c.sq * c.hq * dv), nl = size_t(B * c.hq * c.sq);
+  const bool varlen = c.varlen();
+  const int64_t dv = c.value_dim(), B = varlen ? int64_t(c.lens_q.size()) : c.batch;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (size_t b = 0; b < c.lens_q.size(); ++b) {
+    cu_q.push_back(cu_q.back() + c.lens_q[b]);
+    cu_k.push_back(cu_k.back() + c.lens_k[b]);
+  }
+  // Rows of each tensor (batched: per batch entry), and where row i of sequence b lives.
+  const int64_t rows_q = varlen ? cu_q.back() : c.sq, rows_k = varlen ? cu_k.back() : c.sk, nb = varlen ? 1 : B;
+  auto len_q = [&](int64_t b) { return varlen ? int64_t(c.lens_q[size_t(b)]) : c.sq; };
+  auto len_k = [&](int64_t b) { return varlen ? int64_t(c.lens_k[size_t(b)]) : c.sk; };
+  auto q_row = [&](int64_t b, int64_t i) { return varlen ? cu_q[size_t(b)] + i : b * c.sq + i; };
+  auto k_row = [&](int64_t b, int64_t j) { return varlen ? cu_k[size_t(b)] + j : b * c.sk + j; };
+  auto lse_at = [&](int64_t b, int64_t h, int64_t i) {
+    return varlen ? h * rows_q + cu_q[size_t(b)] + i : (b * c.hq + h) * c.sq + i;
+  };
+  const size_t nq = size_t(nb * rows_q * c.hq * c.d), nk = size_t(nb * rows_k * c.hkv * c.d);
+  const size_t nv = size_t(nb * rows_k * c.hkv * dv), no = size_t(nb * rows_q * c.hq * dv);
+  const size_t nl = size_t(nb * c.hq * rows_q);
   std::mt19937 rng(std::hash<std::string>{}(c.name));
   std::normal_distribution<float> normal(0.f, 1.f);
   auto codes = [&](size_t n) {
@@ -59,21 +82,51 @@ void run_fp8(const Fp8Case& c) {
   };
   std::vector<uint8_t> hq = codes(nq), hk = codes(nk), hv = codes(nv);
   for (int64_t b = 0; b < int64_t(c.seqused_k.size()); ++b)  // e4m3 NaN (0xff) in the unused cache rows
-    for (int64_t j = c.seqused_k[size_t(b)]; j < c.sk; ++j) {
-      std::fill_n(hk.begin() + (b * c.sk + j) * c.hkv * c.d, c.hkv * c.d, uint8_t(0xff));
-      std::fill_n(hv.begin() + (b * c.sk + j) * c.hkv * dv, c.hkv * dv, uint8_t(0xff));
+    for (int64_t j = c.seqused_k[size_t(b)]; j < len_k(b); ++j) {
+      std::fill_n(hk.begin() + k_row(b, j) * c.hkv * c.d, c.hkv * c.d, uint8_t(0xff));
+      std::fill_n(hv.begin() + k_row(b, j) * c.hkv * dv, c.hkv * dv, uint8_t(0xff));
     }
+  // Paged: the same rows in pages of a shuffled block table (one spare page), the cache's key length sk via seqused_k.
+  const bool paged = c.page_size > 0;
+  const int64_t pages_per = paged ? (c.sk + c.page_size - 1) / c.page_size : 0, num_pages = B * pages_per + 1;
+  std::vector<int32_t> table;
+  std::vector<int32_t> used(c.seqused_k);
+  if (paged) {
+    std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+    for (int64_t i = 0; i < num_pages; ++i) perm[size_t(i)] = int32_t(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table.assign(perm.begin(), perm.begin() + B * pages_per);
+    std::vector<uint8_t> pk = codes(size_t(num_pages * c.page_size * c.hkv * c.d)),
+                         pv = codes(size_t(num_pages * c.page_size * c.hkv * dv));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < c.sk; ++j) {
+        const int64_t page = table[size_t(b * pages_per + j / c.page_size)],
+                      slot = page * c.page_size + j % c.page_size;
+        std::copy_n(hk.begin() + k_row(b, j) * c.hkv * c.d, c.hkv * c.d, pk.begin() + slot * c.hkv * c.d);
+        std::copy_n(hv.begin() + k_row(b, j) * c.hkv * dv, c.hkv * dv, pv.begin() + slot * c.hkv * dv);
+      }
+    hk.swap(pk);
+    hv.swap(pv);
+    if (used.empty()) used.assign(size_t(B), int32_t(c.sk));
+  }
   std::uniform_real_distribution<float> factor(0.5f / 64.f, 2.f / 64.f);
   const int64_t q_heads = c.descale == 2 ? c.hq : c.hkv;
   std::vector<float> qd(size_t(B * q_heads)), kd(size_t(B * c.hkv)), vd(size_t(B * c.hkv)), sinks(size_t(c.hq));
   for (auto* f : {&qd, &kd, &vd})
     for (float& x : *f) x = factor(rng);
   for (float& s : sinks) s = std::uniform_real_distribution<float>(-2.f, 4.f)(rng);
+  std::vector<float> slopes(size_t(c.hq));
+  for (float& s : slopes) s = std::uniform_real_distribution<float>(0.05f, 0.5f)(rng);
 
-  DeviceBuffer<uint8_t> dq(nq), dk(nk), dvv(nv);
+  DeviceBuffer<uint8_t> dq(nq), dk(hk.size()), dvv(hv.size());
   DeviceBuffer<uint16_t> dout(no);
-  DeviceBuffer<float> dlse(nl), dqd(qd.size()), dkd(kd.size()), dvd(vd.size()), dsinks(sinks.size());
-  DeviceBuffer<int32_t> dused(c.seqused_k.size());
+  DeviceBuffer<float> dlse(nl), dqd(qd.size()), dkd(kd.size()), dvd(vd.size()), dsinks(sinks.size()),
+      dslopes(slopes.size());
+  dslopes.upload(slopes);
+  DeviceBuffer<int32_t> dused(used.size()), dcu_q(cu_q.size()), dcu_k(cu_k.size()), dtable(table.size());
+  if (paged) dtable.upload(table);
+  dcu_q.upload(cu_q);
+  dcu_k.upload(cu_k);
   dq.upload(hq);
   dk.upload(hk);
   dvv.upload(hv);
@@ -81,27 +134,47 @@ void run_fp8(const Fp8Case& c) {
   dkd.upload(kd);
   dvd.upload(vd);
   dsinks.upload(sinks);
-  std::vector<int32_t> used(c.seqused_k);
   if (!used.empty()) dused.upload(used);
   ASSERT_EQ(cudaMemset(dout.ptr, 0xff, no * sizeof(uint16_t)), cudaSuccess);
   ASSERT_EQ(cudaMemset(dlse.ptr, 0xff, nl * sizeof(float)), cudaSuccess);
 
   auto params = [&](fa_device dev, void* q, void* k, void* v, void* out, void* lse, void* qdp, void* kdp, void* vdp,
-                    void* usedp, void* sinkp) {
+                    void* usedp, void* sinkp, void* cuq, void* cuk, void* tablep, void* slopep) {
     fa_fwd_params p{};
     p.attn = fa_attention_default();
-    p.attn.q = dense(q, FA_FLOAT8_E4M3, dev, {B, c.sq, c.hq, c.d});
-    p.attn.k = dense(k, FA_FLOAT8_E4M3, dev, {B, c.sk, c.hkv, c.d});
-    p.attn.v = dense(v, FA_FLOAT8_E4M3, dev, {B, c.sk, c.hkv, dv});
-    p.out = dense(out, FA_BFLOAT16, dev, {B, c.sq, c.hq, dv});
-    p.lse = dense(lse, FA_FLOAT32, dev, {B, c.hq, c.sq});
+    if (varlen) {
+      p.attn.q = dense(q, FA_FLOAT8_E4M3, dev, {rows_q, c.hq, c.d});
+      p.attn.k = dense(k, FA_FLOAT8_E4M3, dev, {rows_k, c.hkv, c.d});
+      p.attn.v = dense(v, FA_FLOAT8_E4M3, dev, {rows_k, c.hkv, dv});
+      p.out = dense(out, FA_BFLOAT16, dev, {rows_q, c.hq, dv});
+      p.lse = dense(lse, FA_FLOAT32, dev, {c.hq, rows_q});
+      p.attn.cu_seqlens_q = dense(cuq, FA_INT32, dev, {B + 1});
+      p.attn.cu_seqlens_k = dense(cuk, FA_INT32, dev, {B + 1});
+      p.attn.max_seqlen_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
+      p.attn.max_seqlen_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
+    } else if (paged) {
+      p.attn.q = dense(q, FA_FLOAT8_E4M3, dev, {B, c.sq, c.hq, c.d});
+      p.attn.k = dense(k, FA_FLOAT8_E4M3, dev, {num_pages, c.page_size, c.hkv, c.d});
+      p.attn.v = dense(v, FA_FLOAT8_E4M3, dev, {num_pages, c.page_size, c.hkv, dv});
+      p.attn.block_table = dense(tablep, FA_INT32, dev, {B, pages_per});
+      p.out = dense(out, FA_BFLOAT16, dev, {B, c.sq, c.hq, dv});
+      p.lse = dense(lse, FA_FLOAT32, dev, {B, c.hq, c.sq});
+    } else {
+      p.attn.q = dense(q, FA_FLOAT8_E4M3, dev, {B, c.sq, c.hq, c.d});
+      p.attn.k = dense(k, FA_FLOAT8_E4M3, dev, {B, c.sk, c.hkv, c.d});
+      p.attn.v = dense(v, FA_FLOAT8_E4M3, dev, {B, c.sk, c.hkv, dv});
+      p.out = dense(out, FA_BFLOAT16, dev, {B, c.sq, c.hq, dv});
+      p.lse = dense(lse, FA_FLOAT32, dev, {B, c.hq, c.sq});
+    }
     if (c.descale) {
       p.attn.q_descale = dense(qdp, FA_FLOAT32, dev, {B, q_heads});
       p.attn.k_descale = dense(kdp, FA_FLOAT32, dev, {B, c.hkv});
       p.attn.v_descale = dense(vdp, FA_FLOAT32, dev, {B, c.hkv});
     }
-    if (!c.seqused_k.empty()) p.attn.seqused_k = dense(usedp, FA_INT32, dev, {B});
+    if (!used.empty()) p.attn.seqused_k = dense(usedp, FA_INT32, dev, {B});
     if (c.sinks) p.attn.sinks = dense(sinkp, FA_FLOAT32, dev, {c.hq});
+    if (c.alibi) p.attn.alibi_slopes = dense(slopep, FA_FLOAT32, dev, {c.hq});
+    p.attn.softcap = c.softcap;
     p.attn.causal = c.causal;
     p.attn.causal_alignment = c.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
     p.attn.window_left = c.wl;
@@ -109,7 +182,7 @@ void run_fp8(const Fp8Case& c) {
     return p;
   };
   fa_fwd_params gp = params(FA_DEVICE_CUDA, dq.ptr, dk.ptr, dvv.ptr, dout.ptr, dlse.ptr, dqd.ptr, dkd.ptr, dvd.ptr,
-                            dused.ptr, dsinks.ptr);
+                            dused.ptr, dsinks.ptr, dcu_q.ptr, dcu_k.ptr, dtable.ptr, dslopes.ptr);
   fa_exec exec = fa_exec_default();
   exec.num_splits = c.num_splits;
   const fa_status status = fa_forward(&gp, &exec);
@@ -122,32 +195,35 @@ void run_fp8(const Fp8Case& c) {
 
   std::vector<uint16_t> host_out(no);
   std::vector<float> host_lse(nl);
-  fa_fwd_params hp = params(FA_DEVICE_CPU, hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(), qd.data(),
-                            kd.data(), vd.data(), used.data(), sinks.data());
+  fa_fwd_params hp =
+      params(FA_DEVICE_CPU, hq.data(), hk.data(), hv.data(), host_out.data(), host_lse.data(), qd.data(), kd.data(),
+             vd.data(), used.data(), sinks.data(), cu_q.data(), cu_k.data(), table.data(), slopes.data());
   flashattn::detail::Problem prob;
   const flashattn::detail::Requirements cpu_req{0, 1, true, "cpu"};
   auto e = flashattn::detail::validate(hp.attn, hp.out, hp.lse, nullptr, nullptr, nullptr, nullptr,
-                                       flashattn::detail::Direction::kForward, cpu_req, nullptr, nullptr,
-                                       used.empty() ? nullptr : used.data(), &prob);
+                                       flashattn::detail::Direction::kForward, cpu_req, varlen ? cu_q.data() : nullptr,
+                                       varlen ? cu_k.data() : nullptr, used.empty() ? nullptr : used.data(), &prob);
   ASSERT_TRUE(e.ok()) << e.message;
 
   struct Row {
     int64_t b, h, i;
   };
   std::vector<Row> rows;
-  const bool full = B * c.hq * c.sq <= kFullCheckRows;
+  const bool full = nb * c.hq * rows_q <= kFullCheckRows;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < c.hq; ++h)
+    for (int64_t h = 0; h < c.hq && len_q(b) > 0; ++h)
       if (full) {
-        for (int64_t i = 0; i < c.sq; ++i) rows.push_back({b, h, i});
+        for (int64_t i = 0; i < len_q(b); ++i) rows.push_back({b, h, i});
       } else {
         rows.push_back({b, h, 0});
-        rows.push_back({b, h, c.sq - 1});
+        rows.push_back({b, h, len_q(b) - 1});
       }
-  for (int s = 0; !full && s < kSampledRows; ++s)
-    rows.push_back({std::uniform_int_distribution<int64_t>(0, B - 1)(rng),
-                    std::uniform_int_distribution<int64_t>(0, c.hq - 1)(rng),
-                    std::uniform_int_distribution<int64_t>(0, c.sq - 1)(rng)});
+  for (int s = 0; !full && s < kSampledRows; ++s) {
+    const int64_t b = std::uniform_int_distribution<int64_t>(0, B - 1)(rng);
+    if (len_q(b) == 0) continue;
+    rows.push_back({b, std::uniform_int_distribution<int64_t>(0, c.hq - 1)(rng),
+                    std::uniform_int_distribution<int64_t>(0, len_q(b) - 1)(rng)});
+  }
   const int64_t n_rows = int64_t(rows.size());
   const size_t n_vals = static_cast<size_t>(n_rows * dv), n_stats = static_cast<size_t>(n_rows);
   std::vector<double> exact(n_vals), plain(n_vals), lse_exact(n_stats), lse_plain(n_stats);
@@ -161,13 +237,13 @@ void run_fp8(const Fp8Case& c) {
   int64_t bad = 0;
   for (int64_t k = 0; k < n_rows; ++k) {
     const Row& r = rows[size_t(k)];
-    const int64_t o = ((r.b * c.sq + r.i) * c.hq + r.h) * dv;
+    const int64_t o = (q_row(r.b, r.i) * c.hq + r.h) * dv;
     for (int64_t col = 0; col < dv; ++col) {
       const double ours = from_storage(FA_BFLOAT16, out[size_t(o + col)]);
       bad += std::isnan(ours);
       out_cmp.add(ours, exact[size_t(k * dv + col)], plain[size_t(k * dv + col)]);
     }
-    lse_cmp.add(lse[size_t((r.b * c.hq + r.h) * c.sq + r.i)], lse_exact[size_t(k)], lse_plain[size_t(k)]);
+    lse_cmp.add(lse[size_t(lse_at(r.b, r.h, r.i))], lse_exact[size_t(k)], lse_plain[size_t(k)]);
   }
   EXPECT_EQ(bad, 0) << "NaN outputs";
   EXPECT_TRUE(out_cmp.passed()) << "out: " << out_cmp.summary() << " over " << n_rows << " rows";
@@ -219,6 +295,37 @@ std::vector<Fp8Case> fp8_cases() {
   add("fp8_decode_split_kv", [](Fp8Case& c) { c.sq = 1, c.sk = 5000, c.hq = 8, c.hkv = 2; });
   add("fp8_decode_split_kv_forced", [](Fp8Case& c) { c.sq = 3, c.sk = 2000, c.num_splits = 7, c.causal = true; });
   add("fp8_long_2048", [](Fp8Case& c) { c.sq = 2048, c.sk = 2048, c.hq = 4, c.hkv = 4; });
+  // Varlen: sequences of odd lengths (empty ones included) packed back to back, so that a key block of one reaches
+  // past its end into the next one's rows in K (masked) and would in V (the transposed copy pads each sequence).
+  add("fp8_varlen_causal",
+      [](Fp8Case& c) { c.lens_q = {1, 17, 0, 239, 64}, c.lens_k = {5, 17, 9, 300, 1}, c.causal = true; });
+  add("fp8_varlen_window_gqa", [](Fp8Case& c) {
+    c.lens_q = {130, 7, 400}, c.lens_k = {200, 385, 383}, c.hq = 6, c.hkv = 2, c.wl = 50, c.wr = 3;
+  });
+  add("fp8_varlen_d64_seqused_nan",
+      [](Fp8Case& c) { c.lens_q = {3, 9}, c.lens_k = {500, 90}, c.d = 64, c.seqused_k = {129, 90}; });
+  add("fp8_varlen_d256_long", [](Fp8Case& c) { c.lens_q = {1000, 1500}, c.lens_k = {1100, 1500}, c.d = 256; });
+  // Paged caches, every load path of K: whole-block TMA boxes (page 256 at d64: a multiple of block_k 128), 16-row
+  // boxes (pages 16, 48; d128 non-causal has 192-key blocks), the producer warp's cp.async rows (pages 1, 3); V is
+  // the transposed copy gathered through the table.
+  const std::tuple<int64_t, int64_t, bool> paged_cases[] = {{256, 64, false}, {16, 128, false}, {48, 128, true},
+                                                            {1, 256, false},  {3, 64, true},    {256, 128, false}};
+  for (const auto& pc : paged_cases) {
+    const int64_t page = std::get<0>(pc), d = std::get<1>(pc);
+    const bool causal = std::get<2>(pc);
+    add("fp8_paged" + std::to_string(page) + "_d" + std::to_string(d) + (causal ? "_causal" : ""), [&](Fp8Case& c) {
+      c.batch = 2, c.sq = 33, c.sk = 700, c.hq = 4, c.hkv = 2, c.d = d, c.page_size = page, c.causal = causal;
+    });
+  }
+  // Score modifiers: q_descale * k_descale inside softcap's tanh, ALiBi in logit units.
+  add("fp8_softcap_causal", [](Fp8Case& c) { c.sq = 200, c.sk = 300, c.softcap = 5.f, c.causal = true; });
+  add("fp8_alibi_gqa", [](Fp8Case& c) { c.sq = 90, c.sk = 400, c.hq = 6, c.hkv = 2, c.alibi = true; });
+  add("fp8_softcap_alibi_d256", [](Fp8Case& c) { c.sq = 64, c.sk = 257, c.d = 256, c.softcap = 20.f, c.alibi = true; });
+  add("fp8_softcap_varlen_d64",
+      [](Fp8Case& c) { c.lens_q = {7, 100}, c.lens_k = {300, 100}, c.d = 64, c.softcap = 3.f, c.causal = true; });
+  add("fp8_paged16_decode_split_seqused", [](Fp8Case& c) {
+    c.batch = 3, c.sq = 1, c.sk = 3000, c.hq = 8, c.hkv = 2, c.page_size = 16, c.seqused_k = {3000, 1777, 1};
+  });
   return v;
 }
 
@@ -249,6 +356,24 @@ INSTANTIATE_TEST_SUITE_P(Fp8Sanitizer, Fp8Forward,
                                c.name = "san_fp8_d64_window";
                                c.sq = 150, c.sk = 90, c.d = 64, c.wl = 20, c.wr = 7;
                                return c;
+                             }(),
+                             [] {
+                               Fp8Case c;
+                               c.name = "san_fp8_varlen_causal";
+                               c.lens_q = {5, 0, 130}, c.lens_k = {400, 3, 130}, c.causal = true;
+                               return c;
+                             }(),
+                             [] {
+                               Fp8Case c;
+                               c.name = "san_fp8_paged3";
+                               c.batch = 2, c.sq = 9, c.sk = 200, c.page_size = 3;
+                               return c;
+                             }(),
+                             [] {
+                               Fp8Case c;
+                               c.name = "san_fp8_paged16";
+                               c.batch = 2, c.sq = 9, c.sk = 200, c.page_size = 16, c.d = 64;
+                               return c;
                              }()),
                          [](const testing::TestParamInfo<Fp8Case>& i) { return i.param.name; });
 
@@ -257,33 +382,18 @@ TEST(Fp8Forward, UnsupportedOnCudaNamesTheReason) {
   SKIP_WITHOUT_GPU();
   DeviceBuffer<uint8_t> q(64 * 4), k(64 * 4), v(64 * 4);
   DeviceBuffer<uint16_t> out(64 * 4);
-  DeviceBuffer<int32_t> cu(2);
-  cu.upload(std::vector<int32_t>{0, 4});
   fa_fwd_params p{};
   p.attn = fa_attention_default();
-  p.attn.q = dense(q.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {4, 1, 64});
-  p.attn.k = dense(k.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {4, 1, 64});
-  p.attn.v = dense(v.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {4, 1, 64});
-  p.out = dense(out.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, {4, 1, 64});
-  p.attn.cu_seqlens_q = dense(cu.ptr, FA_INT32, FA_DEVICE_CUDA, {2});
-  p.attn.cu_seqlens_k = dense(cu.ptr, FA_INT32, FA_DEVICE_CUDA, {2});
-  p.attn.max_seqlen_q = p.attn.max_seqlen_k = 4;
-  EXPECT_EQ(fa_forward(&p, nullptr), FA_ERROR_UNSUPPORTED);
-  const std::string msg = fa_last_error();
-  EXPECT_TRUE(msg.find("cu_seqlens_q: the cuda-sm90 FP8 forward takes batched calls only") != std::string::npos ||
-              msg.find("float8_e4m3fn inputs run on the cuda-sm90 backend only") != std::string::npos)
-      << msg;
-  p.attn.cu_seqlens_q = p.attn.cu_seqlens_k = fa_tensor{};
   p.attn.q = dense(q.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
   p.attn.k = dense(k.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
   p.attn.v = dense(v.ptr, FA_FLOAT8_E4M3, FA_DEVICE_CUDA, {1, 4, 1, 64});
   p.out = dense(out.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, {1, 4, 1, 64});
-  p.attn.softcap = 30.f;
+  p.attn.dropout_p = 0.1f;
   EXPECT_EQ(fa_forward(&p, nullptr), FA_ERROR_UNSUPPORTED);
-  const std::string softcap = fa_last_error();
-  EXPECT_TRUE(softcap.find("softcap: the cuda-sm90 FP8 forward has no softcap/ALiBi kernel") != std::string::npos ||
-              softcap.find("float8_e4m3fn inputs run on the cuda-sm90 backend only") != std::string::npos)
-      << softcap;
+  const std::string dropout = fa_last_error();
+  EXPECT_TRUE(dropout.find("dropout_p: the cuda-sm90 FP8 forward has no dropout") != std::string::npos ||
+              dropout.find("float8_e4m3fn inputs run on the cuda-sm90 backend only") != std::string::npos)
+      << dropout;
 }
 
 // fa_quantize_fp8 on the GPU writes the CPU's bytes and factors (the same rotation and rounding), with and without

@@ -145,16 +145,20 @@ def test_with_kvcache_fp8_appends_and_attends(device, paged):
     q = torch.randn(b, new, hq, d, generator=g)
     kc, vc, kn, vn = (torch.randn(*shape, generator=g) for shape in ((b, cap, hkv, d),) * 2 + ((b, new, hkv, d),) * 2)
     (q8, qd), (kc8, kd), (vc8, vd) = (flashattn.quantize_fp8(t) for t in (q, kc, vc))
-    # The new tokens quantised with the caches' factors (the caller's part, as in FlashAttention-3).
-    kn8 = (kn / kd[:, None, :, None]).to(torch.float8_e4m3fn)
-    vn8 = (vn / vd[:, None, :, None]).to(torch.float8_e4m3fn)
+    # The new tokens quantised with the caches' factors (the caller's part, as in FlashAttention-3), saturated at
+    # e4m3's 448: a new value may exceed its cache's maximum, and torch's conversion of one past 448 is not defined
+    # to saturate (NaN on the H200 machine's torch).
+    kn8 = (kn / kd[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    vn8 = (vn / vd[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
     expect = []
     for i in range(b):
         end = int(lens[i]) + new
         keys = torch.cat((kc8[i:i + 1, :lens[i]], kn8[i:i + 1]), 1)[:, :end]
         vals = torch.cat((vc8[i:i + 1, :lens[i]], vn8[i:i + 1]), 1)[:, :end]
-        expect.append(flash_attn_func(q8[i:i + 1], keys, vals, causal=True, q_descale=qd[i:i + 1],
-                                      k_descale=kd[i:i + 1], v_descale=vd[i:i + 1]))
+        # On the same device: the CPU backend does not round P to e4m3 as the sm90 kernel does (flashattn.h, FP8).
+        expect.append(flash_attn_func(*(t.to(device) for t in (q8[i:i + 1], keys, vals)), causal=True,
+                                      **{n: t[i:i + 1].to(device) for n, t in (("q_descale", qd), ("k_descale", kd),
+                                                                               ("v_descale", vd))}).cpu())
     expect = torch.cat(expect)
     args = dict(q_descale=qd.to(device), k_descale=kd.to(device), v_descale=vd.to(device))
     if paged:
@@ -185,20 +189,21 @@ def test_with_kvcache_fp8_appends_and_attends(device, paged):
                                           rotary_cos=torch.ones(200, 8), rotary_sin=torch.zeros(200, 8))
 
 
-def test_varlen_fp8_equals_per_sequence_calls():
-    """flash_attn_varlen_func on FP8 (the CPU backend; CUDA names the refusal until the sm90 kernel takes varlen):
-    each packed sequence's rows equal flash_attn_func on that sequence alone, with its factors."""
+@pytest.mark.parametrize("device", _devices())
+def test_varlen_fp8_equals_per_sequence_calls(device):
+    """flash_attn_varlen_func on FP8 (an empty sequence among them): each packed sequence's rows equal
+    flash_attn_func on that sequence alone, with its factors, on the same device."""
     g = torch.Generator().manual_seed(8)
     lens_q, hq, hkv, d = [3, 0, 40], 4, 2, 64
     cu_q = torch.tensor([0, 3, 3, 43], dtype=torch.int32)
     cu_k = torch.tensor([0, 17, 26, 126], dtype=torch.int32)
     q, k, v = (torch.randn(1, n, h, d, generator=g) for n, h in ((43, hq), (126, hkv), (126, hkv)))
-    (q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t) for t in (q, k, v))
+    (q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t.to(device)) for t in (q, k, v))
     # Factors per sequence: the packed tensor's, one row per sequence (B = 3).
     per_seq = {name: f.expand(3, -1).contiguous() for name, f in (("q_descale", qd), ("k_descale", kd),
                                                                    ("v_descale", vd))}
-    out, lse, _ = flashattn.flash_attn_varlen_func(q8[0], k8[0], v8[0], cu_q, cu_k, 40, 100, causal=True,
-                                                   return_attn_probs=True, **per_seq)
+    out, lse, _ = flashattn.flash_attn_varlen_func(q8[0], k8[0], v8[0], cu_q.to(device), cu_k.to(device), 40, 100,
+                                                   causal=True, return_attn_probs=True, **per_seq)
     assert out.dtype == torch.bfloat16 and out.shape == (43, hq, d) and lse.shape == (hq, 43)
     for b in range(3):
         if lens_q[b] == 0:

@@ -102,11 +102,15 @@ struct WindowMask {
 struct ScoreMods {
   float softcap, softcap_in_scale, alibi_slope;
   int diag_off;
-  // The ALiBi slope is divided by the logit scale: the softmax multiplies every score by it later.
-  __device__ ScoreMods(const FwdParams& p, const SeqInfo& s, int batch, int head)
+  // The ALiBi slope is divided by the logit scale: the softmax multiplies every score by it later. `qk`: FP8's
+  // q_descale * k_descale of the tile's head (1 otherwise): a factor of the raw scores, so it joins the scale inside
+  // tanh with softcap and the logit scale without.
+  __device__ ScoreMods(const FwdParams& p, const SeqInfo& s, int batch, int head, float qk = 1.f)
       : softcap(p.softcap),
-        softcap_in_scale(p.softcap_in_scale),
-        alibi_slope(p.alibi != nullptr ? p.alibi[int64_t(batch) * p.alibi_batch_stride + head] / p.logit_scale : 0.f),
+        softcap_in_scale(p.softcap_in_scale * qk),
+        alibi_slope(p.alibi != nullptr ? p.alibi[int64_t(batch) * p.alibi_batch_stride + head] /
+                                             (p.logit_scale * (p.softcap > 0.f ? 1.f : qk))
+                                       : 0.f),
         diag_off(p.bottom_right ? s.len_k - s.len_q : 0) {}
   template <class S, class C>
   __device__ void apply(S& s, const C& coords, int m0, int n0) const {

@@ -61,6 +61,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   pipe_params.num_producers = p.paged_rows ? Load::kProducerWarpThreads : 1;
   pipe_params.num_consumers = Traits::kConsumerThreads;
   Pipeline pipe_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
+  // FP8 reads V from its transposed copy with TMA whatever K's paging (fwd_load.cuh).
+  if constexpr (Traits::kVTransposed) {
+    pipe_params.is_leader = is_tma_thread;
+    pipe_params.num_producers = 1;
+  }
   Pipeline pipe_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
   __syncthreads();  // every mbarrier is initialised before anyone waits on it
 
@@ -99,14 +104,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     const auto factors = Traits::Operands::factors(p, tile.t.batch, tile.head0(p));
     auto tOrO = Mainloop::make_acc_o();
     typename Mainloop::Softmax softmax;
-    mainloop.run(p, tile, tOrO, softmax, p.scale_log2 * factors.qk);
+    // With softcap the factor is inside the tanh (ScoreMods) and the logits leave it in logit units.
+    const float logit_qk = Opts::kScoreMods && p.softcap > 0.f ? 1.f : factors.qk;
+    mainloop.run(p, tile, tOrO, softmax, p.scale_log2 * logit_qk, factors.qk);
     // Q is no longer read: unless O is staged in Q's space, the producer may load the next tile's Q right away.
     if constexpr (!Epilogue::kOInQSpace) Load::release_q_space();
 
     float lse[Mainloop::kRowsPerThread], sink[Mainloop::kRowsPerThread];
     Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
     Epilogue::row_sinks(p, tile, wg, tid, sink);
-    softmax.finish(o_rc, p.logit_scale * factors.qk, lse, sink);
+    softmax.finish(o_rc, p.logit_scale * logit_qk, lse, sink);
     Traits::Operands::scale_output(tOrO, factors);
     Epilogue::store(kp, ss, tile, tOrO, lse, wg, tid);
     if constexpr (Epilogue::kOInQSpace) {

@@ -61,8 +61,55 @@ struct FwdLoad {
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
 
-    // Paged K/V (16-bit only: the plan sends no paged FP8 call here).
-    if constexpr (!Traits::kVTransposed) {
+    if constexpr (Traits::kVTransposed) {
+      // FP8: V from its transposed copy (contiguous per batch entry, or per sequence from v_t_seq_start), one TMA
+      // box per key block; K paged or not, through the same paths as 16-bit K.
+      Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
+      Tensor mVt = domain_offset(make_coord(_0{}, int32_t(v_t_seq_start(p.cu_seqlens_k, t.batch))),
+                                 kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
+      Tensor gVt = local_tile(mVt, Shape<Int<kHeadDim>, Int<kBlockN>>{}, make_coord(_0{}, _));  // (d, N, n)
+      auto v_parts = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
+      Tensor tVg = get<0>(v_parts);
+      Tensor tVs = get<1>(v_parts);
+      auto load_v = [&](int n) {
+        pipe_v.producer_acquire(v_write);
+        if (leader) copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
+        ++v_write;
+      };
+      if (p.paged_rows) {
+        walk(
+            tile, idx, b,
+            [&](int n) {
+              load_rows<false>(sK, tile, kv_head, n, pipe_k, k_write);
+              ++k_write;
+            },
+            load_v);
+      } else if (p.block_table != nullptr) {
+        walk(
+            tile, idx, b,
+            [&](int n) {
+              load_boxes(kp.tma_k, kp.tma_k_page, kp.shape_k, sK, tile, kv_head, n, pipe_k, k_write);
+              ++k_write;
+            },
+            load_v);
+      } else {
+        Tensor mK =
+            domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
+        Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
+        auto k_parts = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+        Tensor tKg = get<0>(k_parts);
+        Tensor tKs = get<1>(k_parts);
+        walk(
+            tile, idx, b,
+            [&](int n) {
+              pipe_k.producer_acquire(k_write);
+              if (leader)
+                copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
+              ++k_write;
+            },
+            load_v);
+      }
+    } else {
       if (p.paged_rows) {
         walk(
             tile, idx, b,
@@ -89,43 +136,31 @@ struct FwdLoad {
             });
         return;
       }
+      Tensor mK =
+          domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
+      Tensor mV =
+          domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
+      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
+      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+      auto k_parts = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      Tensor tKg = get<0>(k_parts);
+      Tensor tKs = get<1>(k_parts);
+      auto v_parts = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      Tensor tVg = get<0>(v_parts);
+      Tensor tVs = get<1>(v_parts);
+      walk(
+          tile, idx, b,
+          [&](int n) {
+            pipe_k.producer_acquire(k_write);
+            if (leader) copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
+            ++k_write;
+          },
+          [&](int n) {
+            pipe_v.producer_acquire(v_write);
+            if (leader) copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
+            ++v_write;
+          });
     }
-    Tensor mK =
-        domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, kv_head, b));
-    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
-    auto k_parts = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    Tensor tKg = get<0>(k_parts);
-    Tensor tKs = get<1>(k_parts);
-    // V's key block n: a (keys, d) box, or a (d, keys) box of the transposed copy (FP8; batched calls only, where
-    // k_start is 0: varlen would need each sequence's start in the copy, and the plan refuses varlen FP8).
-    auto v_parts = [&] {
-      if constexpr (Traits::kVTransposed) {
-        Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
-        Tensor mVt =
-            domain_offset(make_coord(_0{}, tile.seq.k_start), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
-        Tensor gVt = local_tile(mVt, Shape<Int<kHeadDim>, Int<kBlockN>>{}, make_coord(_0{}, _));  // (d, N, n)
-        return tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
-      } else {
-        Tensor mV =
-            domain_offset(make_coord(tile.seq.k_start, _0{}), kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, kv_head, b));
-        Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
-        return tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-      }
-    }();
-    Tensor tVg = get<0>(v_parts);
-    Tensor tVs = get<1>(v_parts);
-    walk(
-        tile, idx, b,
-        [&](int n) {
-          pipe_k.producer_acquire(k_write);
-          if (leader) copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_write)), tKg(_, n), tKs(_, k_write.index()));
-          ++k_write;
-        },
-        [&](int n) {
-          pipe_v.producer_acquire(v_write);
-          if (leader) copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_write)), tVg(_, n), tVs(_, v_write.index()));
-          ++v_write;
-        });
   }
 
   // The key blocks of one tile through load_k / load_v (each fills the next stage of its pipeline), and the tile's

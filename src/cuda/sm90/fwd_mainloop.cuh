@@ -88,8 +88,9 @@ struct FwdMainloop {
       : ss(ss_), pipe_k(k), pipe_v(v), pingpong{wg_}, wg(wg_), tid(tid_) {}
 
   // The tile's key blocks into tOrO (cleared first) and softmax (fresh). Blocks run from the last to the first.
-  // scale_log2: the logits' factor in base 2 (FwdParams::scale_log2, times the FP8 factors of the tile's head).
-  __device__ void run(const FwdParams& p, const Tile& tile, AccO& tOrO, Softmax& softmax, float scale_log2) {
+  // scale_log2: the logits' factor in base 2 (FwdParams::scale_log2, times FP8's q_descale * k_descale `qk` where
+  // the factor is not inside softcap's tanh).
+  __device__ void run(const FwdParams& p, const Tile& tile, AccO& tOrO, Softmax& softmax, float scale_log2, float qk) {
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(tid);
@@ -109,7 +110,7 @@ struct FwdMainloop {
     const BlockRange range = tile.range;
     const int m0_wg = tile.m0 + wg * kWgRows;  // this warpgroup's first tile row
     const bool varlen = p.cu_seqlens_q != nullptr;
-    const ScoreMods mods(p, tile.seq, tile.t.batch, tile.t.head);  // ALiBi never runs packed (slope per head)
+    const ScoreMods mods(p, tile.seq, tile.t.batch, tile.t.head, qk);  // ALiBi never runs packed (slope per head)
     const ProbMod prob_mod{};
 
     if constexpr (kPackGQA) FwdLoad<Traits, Opts>::gather_q_packed(p, tile, sQw, wg, tid);
