@@ -77,9 +77,7 @@ struct BwdDqWriter {
   template <class Block>
   __device__ static void run(const BwdParams& p, typename Traits::SharedStorage& ss, const Block& blk) {
     const bool leader = cute::elect_one_sync();
-    float* dq_base =
-        p.dq_acc +
-        (int64_t(blk.head) * p.dq_blocks + (blk.seq.q_row0 + int64_t(blk.batch) * kBlockM) / kBlockM) * p.dq_tile;
+    float* dq_base = dq_workspace_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       CUTE_UNROLL
       for (int wg = 0; wg < kConsumerWGs; ++wg) {
@@ -127,10 +125,8 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(co
   auto thr = mma_dq.get_thread_slice(ctid);
   Tensor acc = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   Tensor cQ = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  const float* src =
-      p.dq_acc +
-      (int64_t(head) * p.dq_blocks + (seq.q_row0 + int64_t(batch) * kBlockM) / kBlockM + m_block) * p.dq_tile +
-      ctid / kWgThreads * Traits::kDqWgFloats;
+  const float* src = dq_workspace_tiles(p, head, batch, seq.q_row0, kBlockM) + int64_t(m_block) * p.dq_tile +
+                     ctid / kWgThreads * Traits::kDqWgFloats;
   static_assert(decltype(size(acc))::value % 4 == 0);
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 4) {

@@ -1,6 +1,8 @@
 // The sm90 backward kernel (FlashAttention-3 design), assembled from collectives with one job each:
 //   bwd_load.cuh      the producer warp: TMA loads of K/V once and of Q + LSE, dO + D per query block
 //   bwd_mainloop.cuh  both consumer warpgroups: S^T, dP^T, P, dS, dV, dK in registers, dQ to staging tiles
+//   bwd_mainloop_split.cuh  the same above head dim 128, the warpgroups splitting the head dim of dK/dV and dQ
+//                     (P and dS through shared memory, dQ reduced from registers)
 //   bwd_epilogue.cuh  the dQ writer warp (bulk reduce-adds of the consumers' dQ tiles); dK/dV to global memory;
 //                     the dQ postprocess kernel
 // around the preprocess and GQA reduction kernels both families share (common/bwd_common.cuh). One CTA per
@@ -11,13 +13,14 @@
 #include "cuda/sm90/bwd_epilogue.cuh"
 #include "cuda/sm90/bwd_load.cuh"
 #include "cuda/sm90/bwd_mainloop.cuh"
+#include "cuda/sm90/bwd_mainloop_split.cuh"
 
 namespace flashattn::cuda::sm90 {
 
 template <class Traits, class Mask>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelParams<Traits> kp) {
   using Pipeline = typename Traits::Pipeline;
-  using Mainloop = BwdMainloop<Traits, Mask>;
+  using Mainloop = std::conditional_t<Traits::kSplitHeadDim, BwdMainloopSplit<Traits, Mask>, BwdMainloop<Traits, Mask>>;
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
   const BwdParams& p = kp.p;
@@ -45,7 +48,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     const int warp = cutlass::canonical_warp_idx_sync();
     if (warp == 0) BwdLoad<Traits, Mask>{kp, ss, pipe_q, pipe_do}.load(blk);
-    if (warp == 1) BwdDqWriter<Traits>::run(p, ss, blk);
+    if constexpr (Traits::kDqStaged) {
+      if (warp == 1) BwdDqWriter<Traits>::run(p, ss, blk);
+    }
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

@@ -1,22 +1,25 @@
-// The mainloop collective of the sm90 backward, run by both consumer warpgroups of a CTA over the query blocks
-// that see its key block (bwd_traits.cuh lists the GEMMs). Per step: S^T and dP^T issued together; P from S^T
-// while dP^T is in flight; dS = P (dP - D); dV and dK accumulated from registers; dS to shared memory for dQ,
-// whose tile the dQ writer warp adds into the fp32 workspace (bwd_epilogue.cuh) while the next step runs.
+// The mainloop collectives of the sm90 backward, run by both consumer warpgroups of a CTA over the query blocks
+// that see its key block (bwd_traits.cuh lists the GEMMs). BwdMainloop (head dims up to 128), per step: S^T and
+// dP^T issued together; P from S^T while dP^T is in flight; dS = P (dP - D); dV and dK accumulated from
+// registers; dS to shared memory for dQ, whose tile the dQ writer warp adds into the fp32 workspace
+// (bwd_epilogue.cuh) while the next step runs. BwdMainloopSplit (above 128) is in bwd_mainloop_split.cuh; both
+// take their pipelines, tails and row statistics from BwdConsumer.
 #pragma once
 
 #include "cuda/sm90/bwd_load.cuh"
 
 namespace flashattn::cuda::sm90 {
 
+// What both mainloops share: the consumer's pipeline states, the zeroed tails of the shared tiles, and the query
+// rows' LSE and D.
 template <class Traits, class Mask>
-struct BwdMainloop {
+struct BwdConsumer {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Traits::PipelineState;
   using Block = BwdBlock<Traits, Mask>;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kWgThreads = Traits::kWgThreads, kConsumerThreads = Traits::kConsumerThreads;
-  static constexpr int kDqSyncThreads = kWgThreads + cutlass::NumThreadsPerWarp;  // a warpgroup and the dQ writer
 
   using AccKV = decltype(partition_fragment_C(typename Traits::TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   __device__ static AccKV make_acc_kv() {
@@ -30,7 +33,7 @@ struct BwdMainloop {
   int wg, tid;
   PipelineState q_read, do_read;
 
-  __device__ BwdMainloop(typename Traits::SharedStorage& ss_, Pipeline& q, Pipeline& d, int ctid_)
+  __device__ BwdConsumer(typename Traits::SharedStorage& ss_, Pipeline& q, Pipeline& d, int ctid_)
       : ss(ss_), pipe_q(q), pipe_do(d), ctid(ctid_), wg(ctid_ / kWgThreads), tid(ctid_ % kWgThreads) {}
 
   // Rows [from, rows) of a (rows, d) shared-memory tile set to zero by every consumer thread (16-byte chunks stay
@@ -47,6 +50,79 @@ struct BwdMainloop {
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
   }
+
+  // The LSE (log2 units; 0 for a row that saw no key, whose scores are all masked) and D of query block m: one
+  // value per consumer thread below 2 * block_q, loaded a step ahead from global memory (L2) and stored in the
+  // step's buffer; rows past the sequence read 0 (masked columns). The load's value is used only by the store,
+  // at the step's end: converted at the load, its consumer stalled on L2 latency before the step's first GEMM
+  // (ncu source counters, bench/results/2026-12-01_h200_session9/README.md).
+  struct RowStats {
+    const float* lse_g;
+    const float* dsum_g;
+    int len_q;
+  };
+  __device__ static RowStats row_stats(const BwdParams& p, const Block& blk) {
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    return {p.lse + (varlen ? int64_t(blk.seq.q_start) * p.lse_row : int64_t(blk.batch) * p.lse_batch) +
+                int64_t(blk.head) * p.lse_head,
+            p.dsum + int64_t(blk.head) * p.dsum_stride + blk.seq.q_row0, blk.seq.len_q};
+  }
+  // (The row stride is read from the kernel parameters at each use: kept in registers, d128 spilled.)
+  __device__ float load_stat(const BwdParams& p, const RowStats& r, int m) const {
+    const int q = m * kBlockM + ctid % kBlockM;
+    float v = 0.f;
+    if (ctid < 2 * kBlockM && q < r.len_q) v = ctid < kBlockM ? r.lse_g[int64_t(q) * p.lse_row] : r.dsum_g[q];
+    return v;
+  }
+  __device__ void store_stat(float v, int buf) const {
+    const bool lse_thread = ctid < kBlockM;
+    if (lse_thread) v = v == -INFINITY ? 0.f : v * kLog2e;
+    if (ctid < 2 * kBlockM) (lse_thread ? ss.lse.data() : ss.dsum.data())[buf * kBlockM + ctid % kBlockM] = v;
+  }
+
+  // Key rows past the sequence's keys that TMA did not zero-fill (varlen: the next sequence; seqused_k: stored
+  // keys not used) would turn the zero P and dS of their masked scores into NaN (0 * Inf) in dQ = dS.K and, via
+  // dP, in dS itself. Waits for K and V.
+  __device__ void kv_tails(const BwdParams& p, const Block& blk) {
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    ss.barrier_kv.wait(0);
+    if ((p.cu_seqlens_q != nullptr || p.seqused_k != nullptr) && blk.n0 + kBlockN > blk.seq.len_k) {
+      zero_rows(sK, max(0, blk.seq.len_k - blk.n0), kBlockN);
+      zero_rows(sV, max(0, blk.seq.len_k - blk.n0), kBlockN);
+    }
+    tails_visible();
+  }
+  // The same for the query rows past a varlen sequence (dV += P^T.dO and dK += dS^T.Q read them). Waits for this
+  // step's Q and dO.
+  __device__ void q_tails(int rows_here) {
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutQ{});
+    pipe_q.consumer_wait(q_read);
+    pipe_do.consumer_wait(do_read);
+    zero_rows(sQ(_, _, q_read.index()), max(rows_here, 0), kBlockM);
+    zero_rows(sdO(_, _, do_read.index()), max(rows_here, 0), kBlockM);
+    tails_visible();
+  }
+  __device__ void release_step() {
+    pipe_q.consumer_release(q_read);
+    ++q_read;
+    pipe_do.consumer_release(do_read);
+    ++do_read;
+  }
+};
+
+template <class Traits, class Mask>
+struct BwdMainloop : BwdConsumer<Traits, Mask> {
+  using Base = BwdConsumer<Traits, Mask>;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kWgThreads, Base::kConsumerThreads;
+  using Base::ss, Base::pipe_q, Base::pipe_do, Base::ctid, Base::wg, Base::tid, Base::q_read, Base::do_read;
+  using typename Base::AccKV;
+  using typename Base::Block;
+  using typename Base::Element;
+  using typename Base::Pipeline;
+  static constexpr int kDqSyncThreads = kWgThreads + cutlass::NumThreadsPerWarp;  // a warpgroup and the dQ writer
+  using Base::Base;
 
   __device__ void run(const BwdParams& p, const Block& blk, AccKV& acc_dk, AccKV& acc_dv) {
     typename Traits::TiledMmaSdP mma_sdp;
@@ -86,53 +162,18 @@ struct BwdMainloop {
 
     const bool varlen = p.cu_seqlens_q != nullptr;
     const int n0 = blk.n0, len_q = blk.seq.len_q;
-
-    // The LSE (log2 units; 0 for a row that saw no key, whose scores are all masked) and D of query block m: one
-    // value per consumer thread below 2 * block_q, loaded a step ahead from global memory (L2) and stored in the
-    // step's buffer; rows past the sequence read 0 (masked columns). The load's value is used only by the store,
-    // at the step's end: converted at the load, its consumer stalled on L2 latency before the step's first GEMM
-    // (ncu source counters, bench/results/2026-12-01_h200_session9/README.md).
-    const float* lse_g = p.lse + (varlen ? int64_t(blk.seq.q_start) * p.lse_row : int64_t(blk.batch) * p.lse_batch) +
-                         int64_t(blk.head) * p.lse_head;
-    const float* dsum_g = p.dsum + int64_t(blk.head) * p.dsum_stride + blk.seq.q_row0;
-    const bool stat_thread = ctid < 2 * kBlockM, lse_thread = ctid < kBlockM;
-    auto load_stat = [&](int m) {
-      const int q = m * kBlockM + ctid % kBlockM;
-      float v = 0.f;
-      if (stat_thread && q < len_q) v = lse_thread ? lse_g[int64_t(q) * p.lse_row] : dsum_g[q];
-      return v;
-    };
-    auto store_stat = [&](float v, int buf) {
-      if (lse_thread) v = v == -INFINITY ? 0.f : v * kLog2e;
-      if (stat_thread) (lse_thread ? ss.lse.data() : ss.dsum.data())[buf * kBlockM + ctid % kBlockM] = v;
-    };
-    store_stat(load_stat(blk.m_lo), 0);
-
-    ss.barrier_kv.wait(0);
-    // Key rows past the sequence's keys that TMA did not zero-fill (varlen: the next sequence; seqused_k: stored
-    // keys not used) would turn the zero P and dS of their masked scores into NaN (0 * Inf) in dQ = dS.K and, via
-    // dP, in dS itself.
-    if ((varlen || p.seqused_k != nullptr) && n0 + kBlockN > blk.seq.len_k) {
-      zero_rows(sK, max(0, blk.seq.len_k - n0), kBlockN);
-      zero_rows(sV, max(0, blk.seq.len_k - n0), kBlockN);
-    }
-    tails_visible();
+    const typename Base::RowStats stats = Base::row_stats(p, blk);
+    this->store_stat(this->load_stat(p, stats, blk.m_lo), 0);
+    this->kv_tails(p, blk);
 
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       const int m0 = m * kBlockM;
       const int q_stage = q_read.index(), do_stage = do_read.index(), buf = step % 2;
       const bool has_next = m + 1 < blk.m_hi;
-      const float next_stat = has_next ? load_stat(m + 1) : 0.f;
+      const float next_stat = has_next ? this->load_stat(p, stats, m + 1) : 0.f;
       const int rows_here = min(kBlockM, len_q - m0);
       const bool edge = rows_here < kBlockM || blk.mask.block_needs_mask(m0, rows_here, n0, kBlockN);
-      if (varlen && rows_here < kBlockM) {
-        // The same for the query rows past a varlen sequence: dV += P^T.dO and dK += dS^T.Q read them.
-        pipe_q.consumer_wait(q_read);
-        pipe_do.consumer_wait(do_read);
-        zero_rows(sQ(_, _, q_stage), max(rows_here, 0), kBlockM);
-        zero_rows(sdO(_, _, do_stage), max(rows_here, 0), kBlockM);
-        tails_visible();
-      }
+      if (varlen && rows_here < kBlockM) this->q_tails(rows_here);
 
       // The LSE of this thread's columns, read before the GEMMs where registers allow (block_q 64: 16 columns):
       // read after S^T's wait, each shared load queued behind the GEMMs' operand reads and the exponentials
@@ -205,16 +246,13 @@ struct BwdMainloop {
       // previous step), then dQ over both warpgroups' keys. The barrier also publishes the next step's LSE and D
       // (their buffer was last read before the previous step's barrier).
       cute::copy(copy_ds, copy_ds_thr.retile_S(rdS), tdSsdS(_, _, _, buf));
-      if (has_next) store_stat(next_stat, buf ^ 1);
+      if (has_next) this->store_stat(next_stat, buf ^ 1);
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
       warpgroup_wait<0>();
-      pipe_q.consumer_release(q_read);
-      ++q_read;
-      pipe_do.consumer_release(do_read);
-      ++do_read;
+      this->release_step();
 
       // dQ to this step's staging tile for the writer warp's bulk reduce-add (bwd_epilogue.cuh: BwdDqWriter); from
       // the second step on, the tile is free once the writer says so.

@@ -1,8 +1,9 @@
 // Types every part of the sm90 backward shares: the traits of one compiled kernel (tiles, shared-memory layouts,
 // MMAs, TMA types), the kernel's parameters and the named barriers between its roles.
 //
-// The GEMMs of one step (a CTA owns a block of 128 keys, two consumer warpgroups 64 keys each; a step is one block
-// of block_q query rows). Every warpgroup keeps its keys' dK and dV in registers; S and dP are computed transposed
+// The GEMMs of one step (head dims up to 128: a CTA owns a block of 128 keys, two consumer warpgroups 64 keys each;
+// a step is one block of block_q query rows). Every warpgroup keeps its keys' dK and dV in registers; S and dP
+// are computed transposed
 // (keys as the wgmma M mode), so that the accumulators of P^T and dS^T are directly the register A operands of
 // the two GEMMs that reduce over the queries:
 //   S^T  (64 x block_q) = K_w . Q^T       A = K rows of the warpgroup (smem, K-major), B = Q (smem, K-major)
@@ -15,6 +16,14 @@
 // dQ is added into the fp32 workspace by one bulk reduce-add per warpgroup and step (cp.reduce.async.bulk), from
 // a shared-memory staging tile in the accumulator's register order (conflict-free 16-byte stores), issued by a
 // warp of the producer warpgroup so that the consumers neither wait for it nor synchronise to issue it.
+//
+// Above head dim 128 (kSplitHeadDim, tiles.hpp) a CTA owns 64 keys and the warpgroups split the other modes:
+//   S^T (64 x 64)              warpgroup 0, which forms P^T and writes it to shared memory (bf16)
+//   dP^T (64 x 64)             warpgroup 1, which forms dS^T from it and P^T, to shared memory
+//   dV_w, dK_w (64 x d/2)     += P^T . dO[:, half w], dS^T . Q[:, half w]: A and B from shared memory
+//   dQ (64 x d/2 per warpgroup) = dS . K[:, half w], as at head dim 128
+// and dQ is added by each consumer thread with vector reductions (red.global.add.v4.f32) in the same register
+// order, since no staging tile fits beside two stages of 64 x 256 Q and dO tiles.
 #pragma once
 
 #include <type_traits>
@@ -44,18 +53,21 @@ struct BwdTraits {
   static constexpr int kBlockM = kTiles.block_q;
   static constexpr int kBlockN = kTiles.block_k;
   static constexpr int kStages = kTiles.stages;
-  static constexpr int kWgRows = kWarpgroupRows;  // keys per consumer warpgroup
-  static constexpr int kConsumerWGs = kBlockN / kWgRows;
+  static constexpr bool kSplitHeadDim = kTiles.split_head_dim;
+  static constexpr int kWgRows = kWarpgroupRows;  // keys per consumer warpgroup (split: all the CTA's keys)
+  static constexpr int kConsumerWGs = 2;
+  static_assert(kSplitHeadDim ? kBlockN == kWgRows && kBlockM == 64 : kBlockN == kConsumerWGs * kWgRows);
   static constexpr int kWgThreads = cutlass::NumThreadsPerWarpGroup;
   static constexpr int kConsumerThreads = kConsumerWGs * kWgThreads;
   static constexpr int kThreads = kConsumerThreads + kWgThreads;
-  static_assert(kConsumerWGs == 2, "the dQ split below assumes two consumer warpgroups");
   static_assert(kBlockM == 64 || kBlockM == 128);
   // dQ per warpgroup: block_q 128 splits the rows, block_q 64 the head dim.
   static constexpr bool kDqSplitRows = kBlockM == 2 * kWgRows;
   static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   static_assert(kDqCols % 16 == 0, "wgmma N of dQ");
   static constexpr bool kDsFromRoundedP = kBlockM == 2 * kWgRows;  // bwd_mainloop.cuh
+  // dQ through staging tiles and the writer warp (bwd_epilogue.cuh), or reduced from registers (split).
+  static constexpr bool kDqStaged = !kSplitHeadDim;
 
   static constexpr int kRegisterFile = 64 * 1024;
   static constexpr int kProducerRegs = 24;
@@ -63,23 +75,32 @@ struct BwdTraits {
   static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 
   // Tiled over both consumer warpgroups (thread index 0..255 of the consumers): S^T, dP^T and dK/dV split the
-  // keys, dQ its rows (block_q 128) or its head dim (block_q 64).
-  using WgKeys = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
-  using WgDq = std::conditional_t<kDqSplitRows, Layout<Shape<Int<kConsumerWGs>, _1, _1>>,
-                                  Layout<Shape<_1, Int<kConsumerWGs>, _1>>>;
+  // keys, dQ its rows (block_q 128) or its head dim (block_q 64). Split: S^T and dP^T are one warpgroup's each
+  // (a one-warpgroup MMA), dK/dV and dQ split the head dim.
+  using WgRows = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
+  using WgCols = Layout<Shape<_1, Int<kConsumerWGs>, _1>>;
+  using WgKeys = std::conditional_t<kSplitHeadDim, WgCols, WgRows>;
+  using WgDq = std::conditional_t<kDqSplitRows, WgRows, WgCols>;
+  using WgSdP = std::conditional_t<kSplitHeadDim, Layout<Shape<_1, _1, _1>>, WgRows>;
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kBlockM>, Int<kHeadDim>>>(), WgKeys{}));
-  using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      WgKeys{}));
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kBlockM>, Int<kHeadDim>>>(), WgSdP{}));
+  // dK/dV: A = P^T / dS^T from registers (their own accumulators), or from shared memory (split).
+  using MmadKVOp = std::conditional_t<
+      kSplitHeadDim,
+      decltype(GMMA::ss_op_selector<Element, Element, float,
+                                    Shape<Int<kWgRows>, Int<kHeadDim / kConsumerWGs>, Int<kBlockM>>, GMMA::Major::K,
+                                    GMMA::Major::MN>()),
+      decltype(GMMA::rs_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kHeadDim>, Int<kBlockM>>,
+                                    GMMA::Major::K, GMMA::Major::MN>())>;
+  using TiledMmadKV = decltype(make_tiled_mma(MmadKVOp{}, WgKeys{}));
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kDqCols>, Int<kBlockN>>, GMMA::Major::MN,
                            GMMA::Major::MN>(),
       WgDq{}));
 
   // Q and dO: (block_q, d, stage). Their transposed views (d, block_q, stage) are the MN-major B operands of dK/dV.
-  using SmemAtomQ = decltype(smem_atom_k_major<Element, kHeadDim>());
+  // (Split: an atom that divides half the head dim, since each warpgroup's dK/dV B operand starts there.)
+  using SmemAtomQ = decltype(smem_atom_k_major<Element, kSplitHeadDim ? kHeadDim / kConsumerWGs : kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
@@ -94,6 +115,10 @@ struct BwdTraits {
       decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  // Split: P^T and dS^T as the K-major A operands of dV and dK, (keys, queries, 2 buffers). At 64 x 64 the K-major
+  // tiling of dS^T is the same map as SmemLayoutdS's MN-major one, so one buffer serves dK and dQ.
+  using SmemLayoutPt =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
   static constexpr int kDqWgFloats = kWgRows * kDqCols;  // one warpgroup's dQ staging tile
   // Two staging tiles per warpgroup when they fit: a step's reduce-add then reads one while the next step writes
   // the other.
@@ -101,6 +126,8 @@ struct BwdTraits {
                                                                     cosize_v<SmemLayoutV> + cosize_v<SmemLayoutdS>) +
                                          int(sizeof(float)) * (kConsumerWGs * kDqWgFloats + 4 * kBlockM);
   static constexpr int kDqStages = kSmemOneStaging + kConsumerWGs * kDqWgFloats * 4 + 1024 <= 227 * 1024 ? 2 : 1;
+  static constexpr int kDqStagingFloats = kDqStaged ? kConsumerWGs * kDqStages * kDqWgFloats : 4;
+  static constexpr int kPtElements = kSplitHeadDim ? int(cosize_v<SmemLayoutPt>) : 8;
 
   static constexpr int kTileBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kTileBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
@@ -114,7 +141,7 @@ struct BwdTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
-    cute::array_aligned<float, kConsumerWGs * kDqStages * kDqWgFloats, 128> dq;
+    cute::array_aligned<float, kDqStagingFloats, 128> dq;  // staged dQ only
     // LSE (log2 units) and D of a step's query rows, two buffers (bwd_mainloop.cuh: the consumers load the next
     // step's while this one runs).
     cute::array_aligned<float, kBlockM * 2, 128> lse;
@@ -122,6 +149,8 @@ struct BwdTraits {
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    // Split only (a 16-byte stub otherwise, last so that it adds no alignment padding: d64 fills shared memory).
+    cute::array_aligned<Element, kPtElements, kSplitHeadDim ? 1024 : 16> pt;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "tile table entry does not fit shared memory");
@@ -152,10 +181,18 @@ enum BwdBarrier : int {
   kDqEmpty = 1,  // one per consumer warpgroup (1, 2) with the dQ writer warp: the next staging tile may be written
   kDqFull = 3,   // one per consumer warpgroup (3, 4) with the dQ writer warp: this step's staging tile is written
   kTails = 5,    // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
+  kPReady = 6,   // split: warpgroup 0 arrives once this step's P^T is in shared memory, warpgroup 1 waits
   kBwdBarrierCount
 };
 static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16,
               "named barrier ids");
+
+// The first of a (query head, sequence)'s dQ tiles in the fp32 workspace (bwd_params.hpp: dq_blocks tiles of dq_tile
+// floats per head, each sequence starting on a tile of its own); tile m of the sequence follows at m * dq_tile.
+__device__ __forceinline__ float* dq_workspace_tiles(const BwdParams& p, int head, int batch, int64_t q_row0,
+                                                     int block_q) {
+  return p.dq_acc + (int64_t(head) * p.dq_blocks + (q_row0 + int64_t(batch) * block_q) / block_q) * p.dq_tile;
+}
 
 // fp32 bulk reduce-add of `bytes` (a multiple of 16) from shared to global memory, in the calling thread's bulk
 // group; cute::tma_store_arrive commits the group, tma_store_wait<0> waits until its reads are done.

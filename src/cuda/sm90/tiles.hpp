@@ -43,19 +43,25 @@ constexpr FwdTiles fwd_tiles(int head_dim, bool windowed, bool fp8 = false) {
   return {2, 80, 2};
 }
 
-// Tiles of the backward (bwd_kernel.cuh): a CTA owns block_k keys (two consumer warpgroups of 64, each holding
-// its keys' dK and dV: 2 * 64 * head_dim / 128 fp32 accumulators per thread) and walks the query rows block_q at
-// a time through a `stages`-deep pipeline of Q and dO tiles. Registers per thread besides dK/dV: S^T and dP^T,
-// 2 * 64 * block_q / 128, and the dQ tile, 64 * dq_cols / 128 (FlashAttention-3 takes the same 64 x 128 at d128
-// and 128 x 128 at d64).
+// Tiles of the backward (bwd_kernel.cuh): a CTA owns block_k keys and walks the query rows block_q at a time
+// through a `stages`-deep pipeline of Q and dO tiles; two consumer warpgroups.
+// - Head dims up to 128 (split_head_dim false): 128 keys, each warpgroup holding its 64 keys' dK and dV
+//   (2 * 64 * head_dim / 128 fp32 accumulators per thread). Registers besides dK/dV: S^T and dP^T,
+//   2 * 64 * block_q / 128, and the dQ tile, 64 * dq_cols / 128 (FlashAttention-3 takes the same 64 x 128 at
+//   d128 and 128 x 128 at d64).
+// - Above 128 (split_head_dim): 64 keys whose dK and dV the two warpgroups split by head dim (2 * 64 * d/2 / 128
+//   accumulators: 128 at d256); each computes S^T and dP^T for half of the 64 query rows, and P and dS go
+//   through shared memory to the other (bwd_mainloop_split.cuh). 128 keys would need 256 accumulators a thread.
 struct BwdTiles {
   int block_q;
   int block_k;
   int stages;
+  bool split_head_dim;
 };
 constexpr BwdTiles bwd_tiles(int head_dim) {
-  if (head_dim <= 64) return {128, 128, 2};
-  return {64, 128, 2};
+  if (head_dim <= 64) return {128, 128, 2, false};
+  if (head_dim <= 128) return {64, 128, 2, false};
+  return {64, 64, 2, true};
 }
 
 }  // namespace flashattn::cuda::sm90
