@@ -1,16 +1,17 @@
 // The mainloop collective of the sm90 backward above head dim 128 (bwd_traits.cuh, kSplitHeadDim): a CTA owns 64
 // keys, and a thread cannot hold its keys' dK and dV over the whole head dim (2 * 64 * 256 / 128 accumulators at
 // d256), so the two consumer warpgroups split it. Per step:
-//   warpgroup 0   S^T = K.Q^T (64 x 64), P^T = exp2(S^T - LSE) masked, to shared memory (bf16); arrives on
-//                 kPReady; dV_0 += P^T . dO[:, half 0] while warpgroup 1 forms dS
-//   warpgroup 1   dP^T = V.dO^T (64 x 64) beside S^T; waits on kPReady; dS^T = P^T (dP^T - D) from the rounded
-//                 P^T, to shared memory; dV_1 += P^T . dO[:, half 1]
-//   both          barrier (dS^T in place); dK_w += dS^T . Q[:, half w], dQ[:, half w] = dS . K[:, half w]
-// (the buffers of P^T and dS^T alternate per step: the other warpgroup may still read the previous step's). One
-// warpgroup per GEMM gives S^T and dP^T 64 query columns each: split by columns (64 x 32 a warpgroup) their shared-
-// memory operands needed 1.5x the bandwidth the tensor cores use. Each thread adds its dQ fragment into the fp32
-// workspace with vector reductions, in the register order of the staging tiles (dq_convert_kernel reads that
-// order).
+//   S^T, dP^T   each warpgroup for its 32 of the 64 query columns (K and V rows as A, Q and dO rows as B)
+//   P, dS       formed in registers as in BwdMainloop, then written as P^T and dS^T (bf16) to shared memory
+//   barrier     both warpgroups' halves are in place (the buffers alternate per step: the other warpgroup may
+//               still read the previous step's)
+//   dV_w += P^T . dO[:, half w], dK_w += dS^T . Q[:, half w], dQ[:, half w] = dS . K[:, half w]   (all from
+//               shared memory, issued together)
+// and each thread adds its dQ fragment into the fp32 workspace with vector reductions, in the register order of
+// the staging tiles (dq_convert_kernel reads that order). A role split instead (warpgroup 0 S^T and P, warpgroup
+// 1 dP^T and dS, 64 query columns each, P handed over through shared memory) measured 4-7% slower without a mask
+// and 1-4% faster causal at d256 (bench/results/2026-12-02_h200_session14/dev4_bwd_dev.csv against dev3_).
+
 #pragma once
 
 #include "cuda/sm90/bwd_mainloop.cuh"
@@ -35,10 +36,10 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
   static_assert(Traits::kSplitHeadDim && !Traits::kDqStaged && !Traits::kDsFromRoundedP);
 
   __device__ void run(const BwdParams& p, const Block& blk, AccKV& acc_dk, AccKV& acc_dv) {
-    typename Traits::TiledMmaSdP mma_sdp;  // one warpgroup's
+    typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadKV mma_dkv;
     typename Traits::TiledMmadQ mma_dq;
-    auto thr_sdp = mma_sdp.get_thread_slice(tid);
+    auto thr_sdp = mma_sdp.get_thread_slice(ctid);
     auto thr_dkv = mma_dkv.get_thread_slice(ctid);
     auto thr_dq = mma_dq.get_thread_slice(ctid);
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
@@ -52,11 +53,10 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
     Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPt{});  // (keys, queries)
     Tensor sPt = make_tensor(make_smem_ptr(ss.pt.data()), typename Traits::SmemLayoutPt{});
 
-    // S^T (warpgroup 0) or dP^T (warpgroup 1): A = K or V rows, B = Q or dO rows.
-    const bool is_p = wg == 0;
-    Tensor tSrKV = thr_sdp.partition_fragment_A(is_p ? sK : sV);  // (MMA, 1, d/16)
-    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);               // (MMA, 1, d/16, stages)
-    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // (MMA, 1, d/16)
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);  // (MMA, 1, d/16, stages)
+    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
     Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);   // (MMA, 1, M/16, 2)
     Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, M/16, stages)
     Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
@@ -64,7 +64,7 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, N/16, 2)
     Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA, 1, N/16)
     auto copy_c = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
-    auto copy_c_thr = copy_c.get_thread_slice(tid);
+    auto copy_c_thr = copy_c.get_thread_slice(ctid);
     Tensor tPsP = copy_c_thr.partition_D(sPt);     // (CPY, CPY_N, CPY_M, 2)
     Tensor tdSsdS = copy_c_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
 
@@ -85,72 +85,71 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
       const bool has_next = m + 1 < blk.m_hi;
       const float next_stat = has_next ? this->load_stat(p, stats, m + 1) : 0.f;
       const int rows_here = min(kBlockM, len_q - m0);
+      const bool edge = rows_here < kBlockM || blk.mask.block_needs_mask(m0, rows_here, n0, kBlockN);
       if (varlen && rows_here < kBlockM) this->q_tails(rows_here);
 
-      // The LSE (warpgroup 0) or D (warpgroup 1) of the thread's 16 query columns, read before the GEMM.
-      const float* stat = (is_p ? ss.lse.data() : ss.dsum.data()) + buf * kBlockM;
-      float stat_cols[kCols];
+      // 8 query columns a thread: their LSE and D in registers, read before the GEMMs.
+      const float* lse = ss.lse.data() + buf * kBlockM;
+      const float* dsum = ss.dsum.data() + buf * kBlockM;
+      float lse_cols[kCols], dsum_cols[kCols];
       CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) stat_cols[c] = stat[get<1>(cS_rc(0, c))];
+      for (int c = 0; c < kCols; ++c) {
+        lse_cols[c] = lse[get<1>(cS_rc(0, c))];
+        dsum_cols[c] = dsum[get<1>(cS_rc(0, c))];
+      }
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+      Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       this->pipe_q.consumer_wait(q_read);
+      wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), tSrS);
       this->pipe_do.consumer_wait(do_read);
-      if (is_p) {
-        wgmma_gemm<true>(mma_sdp, tSrKV, tSrQ(_, _, _, q_stage), tSrS);
-        warpgroup_wait<0>();
+      wgmma_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), tdPrdP);
+
+      Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+      Tensor dp = make_tensor(tdPrdP.data(), rows_cols(tdPrdP.layout()));
+      warpgroup_wait<1>();  // S^T is ready; dP^T may still run
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_cols[c]);
+      }
+      if (edge) {
+        // As in BwdMainloop: hidden scores and queries past the sequence get P = 0 (and so dS = 0).
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
+          const int q = m0 + get<1>(cS_rc(0, c));
+          const ColRange cr = q < len_q ? blk.mask.cols(q) : ColRange{0, 0};
+          const int lo = cr.lo - n0, hi = cr.hi - n0;
           CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - stat_cols[c]);
-        }
-        if (rows_here < kBlockM || blk.mask.block_needs_mask(m0, rows_here, n0, kBlockN)) {
-          // As in BwdMainloop: hidden scores and queries past the sequence get P = 0 (and so dS = 0).
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) {
-            const int q = m0 + get<1>(cS_rc(0, c));
-            const ColRange cr = q < len_q ? blk.mask.cols(q) : ColRange{0, 0};
-            const int lo = cr.lo - n0, hi = cr.hi - n0;
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              const int key = get<0>(cS_rc(r, 0));
-              if (key < lo || key >= hi) s(r, c) = 0.f;
-            }
+          for (int r = 0; r < kRows; ++r) {
+            const int key = get<0>(cS_rc(r, 0));
+            if (key < lo || key >= hi) s(r, c) = 0.f;
           }
         }
-        Tensor rP = convert_fragment<Element>(tSrS);
-        cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
-        // The next step's LSE and D, published by this step's dS barrier (their buffer was last read before the
-        // previous step's).
-        if (has_next) this->store_stat(next_stat, buf ^ 1);
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::arrive(kConsumerThreads, BwdBarrier::kPReady);
-        wgmma_gemm<false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdO(_, _, _, do_stage), acc_dv);
-      } else {
-        wgmma_gemm<true>(mma_sdp, tSrKV, tSrdO(_, _, _, do_stage), tSrS);
-        warpgroup_wait<0>();
-        cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kPReady);
-        Tensor rP = make_fragment_like<Element>(tSrS);
-        cute::copy(copy_c, tPsP(_, _, _, buf), copy_c_thr.retile_D(rP));
-        wgmma_gemm<false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdO(_, _, _, do_stage), acc_dv);
-        Tensor prob = make_tensor(rP.data(), rows_cols(rP.layout()));
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) s(r, c) = float(prob(r, c)) * (s(r, c) - stat_cols[c]);
-        }
-        Tensor rdS = convert_fragment<Element>(tSrS);
-        cute::copy(copy_c, copy_c_thr.retile_S(rdS), tdSsdS(_, _, _, buf));
-        cutlass::arch::fence_view_async_shared();
       }
+      Tensor rP = convert_fragment<Element>(tSrS);
+      cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
+      warpgroup_wait<0>();  // dP^T is ready
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) dp(r, c) = s(r, c) * (dp(r, c) - dsum_cols[c]);
+      }
+      Tensor rdS = convert_fragment<Element>(tdPrdP);
+      cute::copy(copy_c, copy_c_thr.retile_S(rdS), tdSsdS(_, _, _, buf));
+      // The barrier also publishes the next step's LSE and D (their buffer was last read before the previous
+      // step's barrier).
+      if (has_next) this->store_stat(next_stat, buf ^ 1);
+      cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
 
+      wgmma_gemm<false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdO(_, _, _, do_stage), acc_dv);
       wgmma_gemm<false>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQ(_, _, _, q_stage), acc_dk);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
       warpgroup_wait<0>();
       this->release_step();
 
+      // (dQ issued first, its reductions under dV and dK, spilled 56-72 bytes: ptxas sm_90a d256.)
       float* dq = dq_tiles + int64_t(m) * p.dq_tile;
       static_assert(decltype(size(acc_dq))::value % 4 == 0);
       CUTE_UNROLL

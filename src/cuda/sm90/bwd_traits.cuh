@@ -18,8 +18,8 @@
 // warp of the producer warpgroup so that the consumers neither wait for it nor synchronise to issue it.
 //
 // Above head dim 128 (kSplitHeadDim, tiles.hpp) a CTA owns 64 keys and the warpgroups split the other modes:
-//   S^T (64 x 64)              warpgroup 0, which forms P^T and writes it to shared memory (bf16)
-//   dP^T (64 x 64)             warpgroup 1, which forms dS^T from it and P^T, to shared memory
+//   S^T, dP^T (64 x 32 each)   warpgroup w takes query columns [32w, 32w + 32)
+//   P^T, dS^T                  to shared memory (bf16), both warpgroups' halves, one barrier
 //   dV_w, dK_w (64 x d/2)     += P^T . dO[:, half w], dS^T . Q[:, half w]: A and B from shared memory
 //   dQ (64 x d/2 per warpgroup) = dS . K[:, half w], as at head dim 128
 // and dQ is added by each consumer thread with vector reductions (red.global.add.v4.f32) in the same register
@@ -75,15 +75,15 @@ struct BwdTraits {
   static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 
   // Tiled over both consumer warpgroups (thread index 0..255 of the consumers): S^T, dP^T and dK/dV split the
-  // keys, dQ its rows (block_q 128) or its head dim (block_q 64). Split: S^T and dP^T are one warpgroup's each
-  // (a one-warpgroup MMA), dK/dV and dQ split the head dim.
+  // keys, dQ its rows (block_q 128) or its head dim (block_q 64). Split: S^T and dP^T split the queries, dK/dV
+  // and dQ the head dim.
   using WgRows = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
   using WgCols = Layout<Shape<_1, Int<kConsumerWGs>, _1>>;
   using WgKeys = std::conditional_t<kSplitHeadDim, WgCols, WgRows>;
   using WgDq = std::conditional_t<kDqSplitRows, WgRows, WgCols>;
-  using WgSdP = std::conditional_t<kSplitHeadDim, Layout<Shape<_1, _1, _1>>, WgRows>;
+  static constexpr int kSdPCols = kSplitHeadDim ? kBlockM / kConsumerWGs : kBlockM;  // query columns a warpgroup
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kBlockM>, Int<kHeadDim>>>(), WgSdP{}));
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kSdPCols>, Int<kHeadDim>>>(), WgKeys{}));
   // dK/dV: A = P^T / dS^T from registers (their own accumulators), or from shared memory (split).
   using MmadKVOp = std::conditional_t<
       kSplitHeadDim,
@@ -181,7 +181,6 @@ enum BwdBarrier : int {
   kDqEmpty = 1,  // one per consumer warpgroup (1, 2) with the dQ writer warp: the next staging tile may be written
   kDqFull = 3,   // one per consumer warpgroup (3, 4) with the dQ writer warp: this step's staging tile is written
   kTails = 5,    // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
-  kPReady = 6,   // split: warpgroup 0 arrives once this step's P^T is in shared memory, warpgroup 1 waits
   kBwdBarrierCount
 };
 static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16,
