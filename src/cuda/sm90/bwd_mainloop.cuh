@@ -104,6 +104,24 @@ struct BwdConsumer {
     zero_rows(sdO(_, _, do_read.index()), max(rows_here, 0), kBlockM);
     tails_visible();
   }
+  // Hidden scores (and queries past the sequence) get P = 0 by assignment: their LSE and inputs may be anything.
+  // dS = P (dP - D) is then 0 too: dP and D are finite there (zeroed K/V/Q/dO tails, D read as 0). s and its
+  // coordinates cS_rc: (keys, queries) of the thread's S^T fragment.
+  template <class TP, class TC>
+  __device__ static void mask_probs(TP&& s, const TC& cS_rc, const Block& blk, int m0) {
+    constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const int q = m0 + get<1>(cS_rc(0, c));
+      const ColRange cr = q < blk.seq.len_q ? blk.mask.cols(q) : ColRange{0, 0};
+      const int lo = cr.lo - blk.n0, hi = cr.hi - blk.n0;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int key = get<0>(cS_rc(r, 0));
+        if (key < lo || key >= hi) s(r, c) = 0.f;
+      }
+    }
+  }
   __device__ void release_step() {
     pipe_q.consumer_release(q_read);
     ++q_read;
@@ -206,21 +224,7 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_c);
       }
-      if (edge) {
-        // Hidden scores (and queries past the sequence) get P = 0 by assignment: their LSE and inputs may be
-        // anything. dS = P (dP - D) is then 0 too: dP and D are finite there (zeroed K/V/Q/dO tails, D read as 0).
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const int q = m0 + get<1>(cS_rc(0, c));
-          const ColRange cr = q < len_q ? blk.mask.cols(q) : ColRange{0, 0};
-          const int lo = cr.lo - n0, hi = cr.hi - n0;
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const int key = get<0>(cS_rc(r, 0));
-            if (key < lo || key >= hi) s(r, c) = 0.f;
-          }
-        }
-      }
+      if (edge) Base::mask_probs(s, cS_rc, blk, m0);
       // dV += P^T.dO runs on the tensor cores while dS is formed.
       Tensor rP = convert_fragment<Element>(tSrS);
       Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));

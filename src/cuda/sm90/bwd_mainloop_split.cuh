@@ -112,20 +112,7 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_cols[c]);
       }
-      if (edge) {
-        // As in BwdMainloop: hidden scores and queries past the sequence get P = 0 (and so dS = 0).
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const int q = m0 + get<1>(cS_rc(0, c));
-          const ColRange cr = q < len_q ? blk.mask.cols(q) : ColRange{0, 0};
-          const int lo = cr.lo - n0, hi = cr.hi - n0;
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const int key = get<0>(cS_rc(r, 0));
-            if (key < lo || key >= hi) s(r, c) = 0.f;
-          }
-        }
-      }
+      if (edge) Base::mask_probs(s, cS_rc, blk, m0);  // as in BwdMainloop
       Tensor rP = convert_fragment<Element>(tSrS);
       cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
       warpgroup_wait<0>();  // dP^T is ready
