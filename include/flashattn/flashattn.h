@@ -193,6 +193,39 @@ fa_status fa_quantize_fp8(const fa_quantize_params* params, const fa_exec* exec)
 /* The sign (+1 or -1) of column c in the rotation of fa_quantize_fp8 with this seed. */
 int fa_hadamard_sign(uint64_t seed, int c);
 
+/* KV-cache append (the first steps of flash_attn_with_kvcache, for callers without a tensor framework): for each
+ * sequence b, the new tokens k[b, t], v[b, t] (t < S_new) are written into the cache at position
+ * cache_seqlens[b] + t, after rotating the first rotary_dim columns of k (and of q, in place) when rotary_cos/sin
+ * are given. Then attend with fa_forward over the cache, seqused_k = cache_seqlens + S_new (and attn.block_table
+ * for a paged cache). Caches:
+ *   contiguous  k_cache (B_cache, capacity, Hkv, D), v_cache (B_cache, capacity, Hkv, Dv); sequence b writes cache
+ *               row cache_batch_idx[b] (default b)
+ *   paged       k_cache (num_pages, page_size, Hkv, D), v_cache (num_pages, page_size, Hkv, Dv), block_table
+ *               (B, max_pages) int32: position pos of sequence b is slot pos % page_size of page
+ *               block_table[b][pos / page_size]; capacity = max_pages * page_size
+ * k (B, S_new, Hkv, D) and v (B, S_new, Hkv, Dv) in the caches' dtype (float32, float16, bfloat16, or float8_e4m3
+ * without rotary: appended as bytes). Rotary (flash_attn's): rotary_cos, rotary_sin float32 (S_ro, rotary_dim / 2),
+ * rotary_dim even in (0, D]; the pair (x_i, x_j) of column pair c becomes (x_i cos - x_j sin, x_i sin + x_j cos)
+ * at the token's position, computed in float32 and rounded to the dtype once; pairs are (2c, 2c + 1) with
+ * rotary_interleaved = 1 and (c, c + rotary_dim / 2) with 0 (GPT-NeoX). Key t sits at cache_seqlens[b] + t; query
+ * row t of q (B, Sq, Hq, D) at cache_seqlens[b] + t when rotary_q_per_token = 1 (causal or local attention) and
+ * at cache_seqlens[b] otherwise. Rules (named errors): cache_seqlens[b] >= 0 and cache_seqlens[b] + S_new <=
+ * capacity; cache_batch_idx in [0, B_cache); the pages the new tokens go to in [0, num_pages); the rotated positions
+ * below S_ro. Nothing outside the new tokens' slots (and q) is written. CPU tensors; CUDA tensors return
+ * FA_ERROR_UNSUPPORTED in this version (flashattn.flash_attn_with_kvcache appends on the GPU from Python). */
+typedef struct fa_kvcache_params {
+  fa_tensor k_cache, v_cache;       /* written at the new tokens' slots */
+  fa_tensor k, v;                   /* the new tokens, read */
+  fa_tensor cache_seqlens;          /* int32 (B): tokens already in each sequence's cache */
+  fa_tensor cache_batch_idx;        /* optional int32 (B), contiguous caches only */
+  fa_tensor block_table;            /* optional int32 (B, max_pages): a paged cache */
+  fa_tensor q;                      /* optional (B, Sq, Hq, D): rotated in place (needs rotary_cos/sin) */
+  fa_tensor rotary_cos, rotary_sin; /* optional float32 (S_ro, rotary_dim / 2), both or neither */
+  int rotary_interleaved;           /* 1: pairs (2c, 2c + 1); 0: pairs (c, c + rotary_dim / 2) */
+  int rotary_q_per_token;           /* 1: q row t at cache_seqlens + t; 0: every q row at cache_seqlens */
+} fa_kvcache_params;
+fa_status fa_kvcache_append(const fa_kvcache_params* params, const fa_exec* exec);
+
 /* Contiguous view helper: strides filled row-major. */
 fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim, const int64_t* shape);
 

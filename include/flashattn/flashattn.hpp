@@ -41,6 +41,15 @@ inline Status quantize_fp8(const QuantizeParams& p, const Exec& e = fa_exec_defa
   return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
 }
 
+using KvcacheParams = fa_kvcache_params;
+
+// The new tokens (rotated with rotary_cos/sin when given) into the KV cache, q rotated in place (flashattn.h,
+// fa_kvcache_append); then forward() over the cache with seqused_k = cache_seqlens + new tokens.
+inline Status kvcache_append(const KvcacheParams& p, const Exec& e = fa_exec_default()) {
+  fa_status c = fa_kvcache_append(&p, &e);
+  return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
+}
+
 using PlanInfo = fa_plan_info;
 
 // The plan of a call (which kernels, tiles, splits, workspace) without running it.

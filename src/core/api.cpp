@@ -280,6 +280,30 @@ fa_status fa_quantize_fp8(const fa_quantize_params* params, const fa_exec* exec)
   });
 }
 
+fa_status fa_kvcache_append(const fa_kvcache_params* params, const fa_exec* exec) {
+  return guarded([&] {
+    g_static_error = nullptr;
+    g_last_error.clear();
+    if (params == nullptr) return record(invalid("params", "null pointer"));
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    if (x.backend < FA_BACKEND_AUTO || x.backend > FA_BACKEND_CUDA_SM90)
+      return record(invalid("exec.backend", "unknown backend code " + std::to_string(int(x.backend))));
+    KvcacheProblem problem;
+    if (Error e = validate_kvcache(*params, &problem); !e.ok()) return record(e);
+    if (problem.device == FA_DEVICE_CPU) {
+      if (x.backend != FA_BACKEND_AUTO && x.backend != FA_BACKEND_CPU)
+        return record(invalid("exec.backend", "a CUDA backend needs CUDA tensors (k_cache is on the CPU)"));
+      if (Error e = kvcache_append_cpu(problem); !e.ok()) return record(e);
+      return FA_OK;
+    }
+    if (problem.device != FA_DEVICE_CUDA)
+      return record(invalid("k_cache", "unknown device code " + std::to_string(int(problem.device))));
+    return record(
+        unsupported("k_cache: fa_kvcache_append takes CPU tensors in this version (CUDA caches: "
+                    "flashattn.flash_attn_with_kvcache appends from Python)"));
+  });
+}
+
 int fa_hadamard_sign(uint64_t seed, int c) { return hadamard_sign(seed, c); }
 
 int fa_cuda_available(void) {

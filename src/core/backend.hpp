@@ -30,6 +30,8 @@ struct Backend {
 const Backend& cpu_backend();
 // fa_quantize_fp8 on the CPU (src/cpu/quantize.cpp).
 Error quantize_fp8_cpu(const QuantizeProblem& p);
+// fa_kvcache_append on the CPU (src/cpu/kvcache.cpp).
+Error kvcache_append_cpu(const KvcacheProblem& p);
 
 #ifdef FLASHATTN_WITH_CUDA
 // src/cuda/dispatch.cu: the CUDA backend for `requested` (AUTO picks by the device's architecture), or an

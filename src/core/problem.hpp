@@ -148,6 +148,39 @@ struct QuantizeProblem {
 };
 Error validate_quantize(const fa_quantize_params& params, QuantizeProblem* problem);
 
+// fa_kvcache_append (flashattn.h), validated. Strides in elements, (outer, row, head) of each 4-D tensor (the last
+// one is 1); paged: cache "rows" are pages and rows_per_page their slots.
+struct KvcacheProblem {
+  fa_dtype dtype = FA_FLOAT32;
+  fa_device device = FA_DEVICE_CPU;
+  int device_index = 0;
+  int64_t batch = 0, new_tokens = 0, heads_kv = 0, dim = 0, dim_v = 0;
+  int64_t capacity = 0;  // positions per sequence
+  bool paged = false;
+  int64_t page_size = 0, max_pages = 0;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t kc_stride[3] = {0, 0, 0}, vc_stride[3] = {0, 0, 0}, k_stride[3] = {0, 0, 0}, v_stride[3] = {0, 0, 0};
+  const int32_t* seqlens = nullptr;
+  int64_t seqlens_stride = 0;
+  const int32_t* batch_idx = nullptr;  // contiguous only; null: sequence b writes row b
+  int64_t batch_idx_stride = 0;
+  const int32_t* block_table = nullptr;
+  int64_t table_row = 0, table_col = 0;
+  // Rotary: rot_half = rotary_dim / 2 column pairs (0: none).
+  int64_t rot_half = 0, rot_rows = 0;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t cos_row = 0, sin_row = 0;
+  bool interleaved = true, q_per_token = false;
+  void* q = nullptr;  // optional, rotated in place
+  int64_t seqlen_q = 0, heads_q = 0;
+  int64_t q_stride[3] = {0, 0, 0};
+};
+Error validate_kvcache(const fa_kvcache_params& params, KvcacheProblem* problem);
+
 enum class Direction { kForward, kBackward };
 
 // The one validation. `req` carries what the chosen backend accepts; for CUDA tensors the caller passes

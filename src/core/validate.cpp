@@ -669,4 +669,182 @@ Error validate_quantize(const fa_quantize_params& a, QuantizeProblem* p) {
   return ok();
 }
 
+Error validate_kvcache(const fa_kvcache_params& a, KvcacheProblem* p) {
+  *p = KvcacheProblem{};
+  const Requirements plain{0, 0, true, "kvcache"};
+  using Named = std::pair<const char*, const fa_tensor*>;
+  // Every given tensor on k_cache's device (check_tensor's own message names q, which this call has no rule for).
+  for (const auto& [name, t] :
+       {Named{"v_cache", &a.v_cache}, Named{"k", &a.k}, Named{"v", &a.v}, Named{"cache_seqlens", &a.cache_seqlens},
+        Named{"cache_batch_idx", &a.cache_batch_idx}, Named{"block_table", &a.block_table}, Named{"q", &a.q},
+        Named{"rotary_cos", &a.rotary_cos}, Named{"rotary_sin", &a.rotary_sin}})
+    if (t->data != nullptr && (t->device != a.k_cache.device || t->device_index != a.k_cache.device_index))
+      return invalid(name, "must be on the same device as k_cache");
+  if (Error e = check_tensor("k_cache", a.k_cache, 4, a.k_cache, true, plain); !e.ok()) return e;
+  const fa_dtype dt = a.k_cache.dtype;
+  if (dt != FA_FLOAT32 && dt != FA_FLOAT16 && dt != FA_BFLOAT16 && dt != FA_FLOAT8_E4M3)
+    return invalid("k_cache",
+                   std::string("dtype must be float32, float16, bfloat16 or float8_e4m3 (got ") + dtype_name(dt) + ")");
+  const int64_t rows = a.k_cache.shape[0], slots = a.k_cache.shape[1], hkv = a.k_cache.shape[2];
+  const int64_t d = a.k_cache.shape[3];
+  if (Error e = check_tensor("v_cache", a.v_cache, 4, a.k_cache, true, plain); !e.ok()) return e;
+  if (Error e = check_dtype("v_cache", a.v_cache, dt, "(k_cache's)"); !e.ok()) return e;
+  const int64_t dv = a.v_cache.shape[3];
+  if (Error e = check_shape("v_cache", a.v_cache, {rows, slots, hkv, dv}); !e.ok()) return e;
+  if (Error e = check_tensor("k", a.k, 4, a.k_cache, true, plain); !e.ok()) return e;
+  if (Error e = check_dtype("k", a.k, dt, "(k_cache's)"); !e.ok()) return e;
+  const int64_t batch = a.k.shape[0], fresh = a.k.shape[1];
+  if (Error e = check_shape("k", a.k, {batch, fresh, hkv, d}); !e.ok()) return e;
+  if (Error e = check_tensor("v", a.v, 4, a.k_cache, true, plain); !e.ok()) return e;
+  if (Error e = check_dtype("v", a.v, dt, "(k_cache's)"); !e.ok()) return e;
+  if (Error e = check_shape("v", a.v, {batch, fresh, hkv, dv}); !e.ok()) return e;
+  if (Error e = check_tensor("cache_seqlens", a.cache_seqlens, 1, a.k_cache, true, plain); !e.ok()) return e;
+  if (Error e = check_dtype("cache_seqlens", a.cache_seqlens, FA_INT32, "(tokens already cached)"); !e.ok()) return e;
+  if (Error e = check_shape("cache_seqlens", a.cache_seqlens, {batch}); !e.ok()) return e;
+  if (batch > kMaxCount || fresh > kMaxCount || rows > kMaxCount || slots > kMaxCount || hkv > kMaxCount)
+    return invalid("k_cache", "batch, tokens, cache rows / pages, slots and heads must each be at most 2^31 - 1");
+  // An optional tensor is absent when its data pointer is null (flashattn.h).
+  const bool paged = a.block_table.data != nullptr;
+  int64_t capacity = slots;
+  if (paged) {
+    if (a.cache_batch_idx.data != nullptr)
+      return invalid("cache_batch_idx", "is for contiguous caches (a paged cache maps sequences by block_table)");
+    if (Error e = check_tensor("block_table", a.block_table, 2, a.k_cache, false, plain); !e.ok()) return e;
+    if (Error e = check_dtype("block_table", a.block_table, FA_INT32, "(page indices)"); !e.ok()) return e;
+    if (a.block_table.shape[0] != batch)
+      return invalid("block_table", "must have one row per sequence (" + std::to_string(batch) + ", got " +
+                                        std::to_string(a.block_table.shape[0]) + ")");
+    if (slots < 1) return invalid("k_cache", "a paged cache needs page_size (dimension 1) >= 1");
+    if (__builtin_mul_overflow(a.block_table.shape[1], slots, &capacity))
+      return invalid("block_table", "max_pages * page_size overflows int64");
+  } else if (a.cache_batch_idx.data != nullptr) {
+    if (Error e = check_tensor("cache_batch_idx", a.cache_batch_idx, 1, a.k_cache, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("cache_batch_idx", a.cache_batch_idx, FA_INT32, "(cache rows)"); !e.ok()) return e;
+    if (Error e = check_shape("cache_batch_idx", a.cache_batch_idx, {batch}); !e.ok()) return e;
+  } else if (rows < batch) {
+    return invalid("k_cache", "has " + std::to_string(rows) + " rows for " + std::to_string(batch) +
+                                  " sequences (give cache_batch_idx to map them)");
+  }
+
+  // Rotary.
+  const bool rotary = a.rotary_cos.data != nullptr || a.rotary_sin.data != nullptr;
+  const bool has_q = a.q.data != nullptr;
+  if (has_q && !rotary) return invalid("q", "is only read to be rotated: give rotary_cos and rotary_sin with it");
+  int64_t half = 0, ro_rows = 0, seqlen_q = 0;
+  if (rotary) {
+    if (a.rotary_cos.data == nullptr || a.rotary_sin.data == nullptr)
+      return invalid(a.rotary_cos.data == nullptr ? "rotary_cos" : "rotary_sin",
+                     "rotary_cos and rotary_sin come together");
+    if (dt == FA_FLOAT8_E4M3)
+      return invalid("rotary_cos", "is not applied to float8_e4m3 caches (it would rotate quantised values)");
+    if (fresh == 0) return invalid("rotary_cos", "needs new keys k/v (the rotary embedding is applied to them)");
+    if (Error e = check_tensor("rotary_cos", a.rotary_cos, 2, a.k_cache, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("rotary_cos", a.rotary_cos, FA_FLOAT32, "(cos of each position)"); !e.ok()) return e;
+    ro_rows = a.rotary_cos.shape[0];
+    half = a.rotary_cos.shape[1];
+    if (Error e = check_tensor("rotary_sin", a.rotary_sin, 2, a.k_cache, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("rotary_sin", a.rotary_sin, FA_FLOAT32, "(sin of each position)"); !e.ok()) return e;
+    if (Error e = check_shape("rotary_sin", a.rotary_sin, {ro_rows, half}); !e.ok()) return e;
+    if (half < 1 || 2 * half > d)
+      return invalid("rotary_cos", "rotary_dim (2 * " + std::to_string(half) +
+                                       ") must be in (0, head_dim = " + std::to_string(d) + "]");
+    if (a.rotary_interleaved != 0 && a.rotary_interleaved != 1) return invalid("rotary_interleaved", "must be 0 or 1");
+    if (a.rotary_q_per_token != 0 && a.rotary_q_per_token != 1) return invalid("rotary_q_per_token", "must be 0 or 1");
+    if (has_q) {
+      if (Error e = check_tensor("q", a.q, 4, a.k_cache, true, plain); !e.ok()) return e;
+      if (Error e = check_dtype("q", a.q, dt, "(k_cache's)"); !e.ok()) return e;
+      seqlen_q = a.q.shape[1];
+      if (Error e = check_shape("q", a.q, {batch, seqlen_q, a.q.shape[2], d}); !e.ok()) return e;
+      if (a.q.shape[1] > kMaxCount || a.q.shape[2] > kMaxCount)
+        return invalid("q", "tokens and heads must each be at most 2^31 - 1");
+    }
+  }
+
+  // The values (CPU tensors: read here).
+  const int32_t* lens = static_cast<const int32_t*>(a.cache_seqlens.data);
+  const int32_t* idx = static_cast<const int32_t*>(a.cache_batch_idx.data);
+  const int32_t* table = static_cast<const int32_t*>(a.block_table.data);
+  if (a.k_cache.device == FA_DEVICE_CPU) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t len = lens[b * a.cache_seqlens.stride[0]];
+      if (len < 0)
+        return invalid("cache_seqlens",
+                       "entries must be >= 0 (entry " + std::to_string(b) + " is " + std::to_string(len) + ")");
+      if (len + fresh > capacity)
+        return invalid("cache_seqlens", "entries + the " + std::to_string(fresh) + " new tokens must fit the cache's " +
+                                            std::to_string(capacity) + " slots (entry " + std::to_string(b) + " is " +
+                                            std::to_string(len) + ")");
+      if (idx != nullptr) {
+        const int64_t r = idx[b * a.cache_batch_idx.stride[0]];
+        if (r < 0 || r >= rows)
+          return invalid("cache_batch_idx", "entries must be in [0, " + std::to_string(rows) + ") (entry " +
+                                                std::to_string(b) + " is " + std::to_string(r) + ")");
+      }
+      if (paged && fresh > 0)
+        for (int64_t page = len / slots; page <= (len + fresh - 1) / slots; ++page) {
+          const int64_t at = table[b * a.block_table.stride[0] + page * a.block_table.stride[1]];
+          if (at < 0 || at >= rows)
+            return invalid("block_table", "page indices the new tokens go to must be in [0, " + std::to_string(rows) +
+                                              ") (sequence " + std::to_string(b) + ", entry " + std::to_string(page) +
+                                              " is " + std::to_string(at) + ")");
+        }
+      if (rotary) {
+        const int64_t reach = len + std::max<int64_t>(fresh, has_q ? (a.rotary_q_per_token ? seqlen_q : 1) : 0);
+        if (reach > ro_rows)
+          return invalid("rotary_cos", "has " + std::to_string(ro_rows) +
+                                           " positions, fewer than the rotated tokens "
+                                           "reach (" +
+                                           std::to_string(reach) + ", sequence " + std::to_string(b) + ")");
+      }
+    }
+  }
+
+  // Outputs (the caches, q) share no memory with each other or with the inputs they are computed from.
+  std::vector<Footprint> written;
+  for (const auto& [name, t] : {Named{"k_cache", &a.k_cache}, Named{"v_cache", &a.v_cache}, Named{"q", &a.q}}) {
+    if (t->data == nullptr || numel(*t) == 0) continue;
+    if (self_overlapping(*t))
+      return invalid(name, "elements overlap in memory (strides " + strides_str(*t) + " for shape " + shape_str(*t) +
+                               "); an output needs its own memory for every element");
+    const Footprint f = footprint_of(name, *t);
+    for (const Footprint& w : written)
+      if (may_overlap(w, f)) return invalid(name, std::string("must not overlap ") + w.name + " in memory");
+    written.push_back(f);
+  }
+  for (const auto& [name, t] : {Named{"k", &a.k}, Named{"v", &a.v}, Named{"cache_seqlens", &a.cache_seqlens},
+                                Named{"cache_batch_idx", &a.cache_batch_idx}, Named{"block_table", &a.block_table},
+                                Named{"rotary_cos", &a.rotary_cos}, Named{"rotary_sin", &a.rotary_sin}}) {
+    if (t->data == nullptr || numel(*t) == 0) continue;
+    const Footprint r = footprint_of(name, *t);
+    for (const Footprint& w : written)
+      if (may_overlap(w, r)) return invalid(name, std::string("must not overlap ") + w.name + " in memory");
+  }
+
+  p->dtype = dt;
+  p->device = a.k_cache.device;
+  p->device_index = a.k_cache.device_index;
+  p->batch = batch, p->new_tokens = fresh, p->heads_kv = hkv, p->dim = d, p->dim_v = dv;
+  p->capacity = capacity;
+  p->paged = paged;
+  p->page_size = paged ? slots : 0;
+  p->max_pages = paged ? a.block_table.shape[1] : 0;
+  p->k_cache = a.k_cache.data, p->v_cache = a.v_cache.data, p->k = a.k.data, p->v = a.v.data;
+  for (int i = 0; i < 3; ++i) {
+    p->kc_stride[i] = a.k_cache.stride[i], p->vc_stride[i] = a.v_cache.stride[i];
+    p->k_stride[i] = a.k.stride[i], p->v_stride[i] = a.v.stride[i];
+    p->q_stride[i] = has_q ? a.q.stride[i] : 0;
+  }
+  p->seqlens = lens, p->seqlens_stride = a.cache_seqlens.stride[0];
+  p->batch_idx = idx, p->batch_idx_stride = idx ? a.cache_batch_idx.stride[0] : 0;
+  p->block_table = table;
+  p->table_row = paged ? a.block_table.stride[0] : 0, p->table_col = paged ? a.block_table.stride[1] : 0;
+  p->rot_half = half, p->rot_rows = ro_rows;
+  p->cos = static_cast<const float*>(a.rotary_cos.data), p->sin = static_cast<const float*>(a.rotary_sin.data);
+  p->cos_row = rotary ? a.rotary_cos.stride[0] : 0, p->sin_row = rotary ? a.rotary_sin.stride[0] : 0;
+  p->interleaved = a.rotary_interleaved != 0, p->q_per_token = a.rotary_q_per_token != 0;
+  p->q = has_q ? a.q.data : nullptr;
+  p->seqlen_q = seqlen_q, p->heads_q = has_q ? a.q.shape[2] : 0;
+  return ok();
+}
+
 }  // namespace flashattn::detail
