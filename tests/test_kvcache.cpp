@@ -267,6 +267,42 @@ TEST(Kvcache, Float8BytesAndNothingToAppend) {
   r.check();
 }
 
+// The recipe of flashattn.h: append, then fa_forward over the cache with seqused_k = cache_seqlens + new tokens.
+// Each sequence's rows equal the forward over exactly its keys, copied out of the cache (fp32, causal).
+TEST(Kvcache, ThenAttendOverTheCache) {
+  AppendCase c;
+  c.rot_half = 16;
+  Appended r(c);
+  ASSERT_EQ(r.call(), FA_OK) << fa_last_error();
+  const int64_t cap = c.capacity, hkv = c.hkv, d = c.d, dv = c.dv, hq = c.hq, sq = c.sq;
+  std::vector<int32_t> used(size_t(c.batch));
+  for (int64_t b = 0; b < c.batch; ++b) used[size_t(b)] = c.lens[size_t(b)] + int32_t(c.fresh);
+  std::vector<float> out(size_t(c.batch * sq * hq * dv), NAN);
+  flashattn::FwdParams f = flashattn::make_fwd_params();
+  f.attn.q = make_tensor(r.q.data(), FA_FLOAT32, {c.batch, sq, hq, d});
+  f.attn.k = make_tensor(r.kc.data(), FA_FLOAT32, {c.batch, cap, hkv, d});
+  f.attn.v = make_tensor(r.vc.data(), FA_FLOAT32, {c.batch, cap, hkv, dv});
+  f.attn.seqused_k = make_tensor(used.data(), FA_INT32, {c.batch});
+  f.attn.causal = 1;
+  f.out = make_tensor(out.data(), FA_FLOAT32, {c.batch, sq, hq, dv});
+  ASSERT_TRUE(flashattn::forward(f).ok()) << fa_last_error();
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t n = used[size_t(b)];
+    const float* kc = reinterpret_cast<const float*>(r.kc.data()) + b * cap * hkv * d;
+    const float* vc = reinterpret_cast<const float*>(r.vc.data()) + b * cap * hkv * dv;
+    std::vector<float> k(kc, kc + n * hkv * d), v(vc, vc + n * hkv * dv), one(size_t(sq * hq * dv), NAN);
+    flashattn::FwdParams g = flashattn::make_fwd_params();
+    g.attn.q = make_tensor(reinterpret_cast<float*>(r.q.data()) + b * sq * hq * d, FA_FLOAT32, {1, sq, hq, d});
+    g.attn.k = make_tensor(k.data(), FA_FLOAT32, {1, n, hkv, d});
+    g.attn.v = make_tensor(v.data(), FA_FLOAT32, {1, n, hkv, dv});
+    g.attn.causal = 1;
+    g.out = make_tensor(one.data(), FA_FLOAT32, {1, sq, hq, dv});
+    ASSERT_TRUE(flashattn::forward(g).ok()) << fa_last_error();
+    for (size_t i = 0; i < one.size(); ++i)
+      ASSERT_NEAR(out[size_t(b) * one.size() + i], one[i], 1e-6f * (1.f + std::fabs(one[i]))) << "sequence " << b;
+  }
+}
+
 // One rule per case: the call fails with FA_ERROR_INVALID_ARGUMENT, the message names the argument and the rule,
 // and neither cache changed.
 void expect_error(Appended& r, const std::string& argument, const std::string& rule) {
@@ -389,6 +425,35 @@ TEST(Kvcache, RulesAreNamedErrors) {
     r.p.v_cache.device = FA_DEVICE_CUDA;
     expect_error(r, "v_cache", "must be on the same device as k_cache");
   }
+  // Malformed descriptions of each tensor: a wrong rank, an unknown dtype code, a negative stride, a negative
+  // size, a null pointer. Each is a named error of that tensor, except a null q, which marks it absent
+  // (flashattn.h): q is then not rotated, a valid call (a null rotary table is named by the "come together" rule).
+  const char* names[] = {"k_cache", "v_cache", "k", "v", "cache_seqlens", "q", "rotary_cos", "rotary_sin"};
+  for (int which = 0; which < 8; ++which)
+    for (int breakage = 0; breakage < 5; ++breakage) {
+      Appended r(c);
+      fa_tensor* ts[] = {&r.p.k_cache,       &r.p.v_cache, &r.p.k,          &r.p.v,
+                         &r.p.cache_seqlens, &r.p.q,       &r.p.rotary_cos, &r.p.rotary_sin};
+      fa_tensor& t = *ts[which];
+      switch (breakage) {
+        case 0: t.ndim = t.ndim == 4 ? 3 : 4; break;
+        case 1: t.dtype = fa_dtype(99); break;
+        case 2: t.stride[0] = -1; break;
+        case 3: t.shape[0] = -2; break;
+        default: t.data = nullptr; break;
+      }
+      const fa_status st = r.call();
+      const std::string msg = fa_last_error();
+      SCOPED_TRACE(std::string(names[which]) + " breakage " + std::to_string(breakage) + ": " + msg);
+      if (breakage == 4 && which == 5) {
+        EXPECT_EQ(st, FA_OK);
+        EXPECT_TRUE(r.q == r.q0);
+        continue;
+      }
+      EXPECT_EQ(st, FA_ERROR_INVALID_ARGUMENT);
+      EXPECT_EQ(msg.rfind(std::string(names[which]) + ":", 0), 0u);
+      EXPECT_TRUE(r.kc == r.kc0 && r.vc == r.vc0 && r.q == r.q0);
+    }
   EXPECT_EQ(fa_kvcache_append(nullptr, nullptr), FA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(std::string(fa_last_error()).rfind("params:", 0), 0u);
 }
