@@ -1,6 +1,7 @@
 // fa_kvcache_append on the CPU (flashattn.h): the new tokens' rows rotated (rotary embedding, float32 math rounded
 // once to the storage type, as flashattn.flash_attn_with_kvcache does with torch) and copied into their cache
-// slots; q rotated in place. The validation (validate_kvcache) has checked every index this reads.
+// slots; q rotated in place. The validation (validate_kvcache) has checked every index this reads. Built with
+// -ffp-contract=off (CMakeLists.txt): no fused multiply-adds, the rounding steps written here.
 #include <cstdint>
 #include <cstring>
 #include <vector>
