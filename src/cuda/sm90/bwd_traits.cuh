@@ -3,9 +3,8 @@
 //
 // The GEMMs of one step (head dims up to 128: a CTA owns a block of 128 keys, two consumer warpgroups 64 keys each;
 // a step is one block of block_q query rows). Every warpgroup keeps its keys' dK and dV in registers; S and dP
-// are computed transposed
-// (keys as the wgmma M mode), so that the accumulators of P^T and dS^T are directly the register A operands of
-// the two GEMMs that reduce over the queries:
+// are computed transposed (keys as the wgmma M mode), so that the accumulators of P^T and dS^T are directly the
+// register A operands of the two GEMMs that reduce over the queries:
 //   S^T  (64 x block_q) = K_w . Q^T       A = K rows of the warpgroup (smem, K-major), B = Q (smem, K-major)
 //   dP^T (64 x block_q) = V_w . dO^T      A = V rows, B = dO
 //   dV_w (64 x d)      += P^T . dO        A = P^T (registers), B = dO read (queries, d) MN-major
