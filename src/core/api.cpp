@@ -46,18 +46,31 @@ fa_status guarded(F&& body) noexcept {
   }
 }
 
-Error pick_backend(const fa_tensor& q, const fa_exec& exec, const Backend** out) {
+Error backend_code(const fa_exec& exec) {
   if (exec.backend < FA_BACKEND_AUTO || exec.backend > FA_BACKEND_CUDA_SM90)
     return invalid("exec.backend", "unknown backend code " + std::to_string(int(exec.backend)));
-  if (q.device == FA_DEVICE_CPU) {
+  return ok();
+}
+// exec.backend against the device of the tensors (`name`: the argument whose device decides).
+Error device_rule(const fa_exec& exec, fa_device device, const char* name) {
+  if (device == FA_DEVICE_CPU) {
     if (exec.backend != FA_BACKEND_AUTO && exec.backend != FA_BACKEND_CPU)
-      return invalid("exec.backend", "a CUDA backend needs CUDA tensors (q is on the CPU)");
+      return invalid("exec.backend", std::string("a CUDA backend needs CUDA tensors (") + name + " is on the CPU)");
+    return ok();
+  }
+  if (device != FA_DEVICE_CUDA) return invalid(name, "unknown device code " + std::to_string(int(device)));
+  if (exec.backend == FA_BACKEND_CPU)
+    return invalid("exec.backend", std::string("the CPU backend needs CPU tensors (") + name + " is on CUDA)");
+  return ok();
+}
+
+Error pick_backend(const fa_tensor& q, const fa_exec& exec, const Backend** out) {
+  if (Error e = backend_code(exec); !e.ok()) return e;
+  if (Error e = device_rule(exec, q.device, "q"); !e.ok()) return e;
+  if (q.device == FA_DEVICE_CPU) {
     *out = &cpu_backend();
     return ok();
   }
-  if (q.device != FA_DEVICE_CUDA) return invalid("q", "unknown device code " + std::to_string(int(q.device)));
-  if (exec.backend == FA_BACKEND_CPU)
-    return invalid("exec.backend", "the CPU backend needs CPU tensors (q is on CUDA)");
 #ifdef FLASHATTN_WITH_CUDA
   return select_cuda_backend(exec.backend, q.device_index, out);
 #else
@@ -105,6 +118,38 @@ Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse,
   if (a.q.device == FA_DEVICE_CPU)
     if (Error e = read(a.seqused_k, &used, &hu); !e.ok()) return e;
   return validate(a, out, lse, dout, dq, dk, dv, dir, (*backend)->requirements, hq, hk, hu, problem, dsinks);
+}
+
+// The calls beside the attention (fa_quantize_fp8, fa_kvcache_append): their validation, then the implementation
+// for the tensors' device, under the rules of exec.backend. `tensor` names the argument whose device decides; cuda
+// is null in builds without CUDA.
+template <class Params, class P>
+fa_status run_beside_attention(const Params* params, const fa_exec* exec, const char* tensor,
+                               Error (*validate_params)(const Params&, P*), Error (*cpu)(const P&),
+                               Error (*cuda)(const P&, void*)) {
+  return guarded([&] {
+    g_static_error = nullptr;
+    g_last_error.clear();
+    if (params == nullptr) return record(invalid("params", "null pointer"));
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    if (Error e = backend_code(x); !e.ok()) return record(e);
+    P problem;
+    if (Error e = validate_params(*params, &problem); !e.ok()) return record(e);
+    if (Error e = device_rule(x, problem.device, tensor); !e.ok()) return record(e);
+    Error e =
+        problem.device == FA_DEVICE_CPU ? cpu(problem)
+        : cuda != nullptr
+            ? cuda(problem, x.stream)
+            : unsupported(std::string(tensor) + ": CUDA tensors given but this build of flashattn has no CUDA backend");
+    return e.ok() ? FA_OK : record(e);
+  });
+}
+
+// fa_kvcache_append has no CUDA implementation yet.
+Error kvcache_cuda_missing(const KvcacheProblem&, void*) {
+  return unsupported(
+      "k_cache: fa_kvcache_append takes CPU tensors in this version (CUDA caches: flashattn.flash_attn_with_kvcache "
+      "appends from Python)");
 }
 
 }  // namespace
@@ -252,56 +297,16 @@ fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim,
 }
 
 fa_status fa_quantize_fp8(const fa_quantize_params* params, const fa_exec* exec) {
-  return guarded([&] {
-    g_static_error = nullptr;
-    g_last_error.clear();
-    if (params == nullptr) return record(invalid("params", "null pointer"));
-    const fa_exec x = exec ? *exec : fa_exec_default();
-    if (x.backend < FA_BACKEND_AUTO || x.backend > FA_BACKEND_CUDA_SM90)
-      return record(invalid("exec.backend", "unknown backend code " + std::to_string(int(x.backend))));
-    QuantizeProblem problem;
-    if (Error e = validate_quantize(*params, &problem); !e.ok()) return record(e);
-    if (problem.device == FA_DEVICE_CPU) {
-      if (x.backend != FA_BACKEND_AUTO && x.backend != FA_BACKEND_CPU)
-        return record(invalid("exec.backend", "a CUDA backend needs CUDA tensors (x is on the CPU)"));
-      if (Error e = quantize_fp8_cpu(problem); !e.ok()) return record(e);
-      return FA_OK;
-    }
-    if (problem.device != FA_DEVICE_CUDA)
-      return record(invalid("x", "unknown device code " + std::to_string(int(problem.device))));
-    if (x.backend == FA_BACKEND_CPU)
-      return record(invalid("exec.backend", "the CPU backend needs CPU tensors (x is on CUDA)"));
 #ifdef FLASHATTN_WITH_CUDA
-    if (Error e = quantize_fp8_cuda(problem, x.stream); !e.ok()) return record(e);
-    return FA_OK;
+  Error (*cuda)(const QuantizeProblem&, void*) = quantize_fp8_cuda;
 #else
-    return record(unsupported("x: CUDA tensors given but this build of flashattn has no CUDA backend"));
+  Error (*cuda)(const QuantizeProblem&, void*) = nullptr;
 #endif
-  });
+  return run_beside_attention(params, exec, "x", validate_quantize, quantize_fp8_cpu, cuda);
 }
 
 fa_status fa_kvcache_append(const fa_kvcache_params* params, const fa_exec* exec) {
-  return guarded([&] {
-    g_static_error = nullptr;
-    g_last_error.clear();
-    if (params == nullptr) return record(invalid("params", "null pointer"));
-    const fa_exec x = exec ? *exec : fa_exec_default();
-    if (x.backend < FA_BACKEND_AUTO || x.backend > FA_BACKEND_CUDA_SM90)
-      return record(invalid("exec.backend", "unknown backend code " + std::to_string(int(x.backend))));
-    KvcacheProblem problem;
-    if (Error e = validate_kvcache(*params, &problem); !e.ok()) return record(e);
-    if (problem.device == FA_DEVICE_CPU) {
-      if (x.backend != FA_BACKEND_AUTO && x.backend != FA_BACKEND_CPU)
-        return record(invalid("exec.backend", "a CUDA backend needs CUDA tensors (k_cache is on the CPU)"));
-      if (Error e = kvcache_append_cpu(problem); !e.ok()) return record(e);
-      return FA_OK;
-    }
-    if (problem.device != FA_DEVICE_CUDA)
-      return record(invalid("k_cache", "unknown device code " + std::to_string(int(problem.device))));
-    return record(
-        unsupported("k_cache: fa_kvcache_append takes CPU tensors in this version (CUDA caches: "
-                    "flashattn.flash_attn_with_kvcache appends from Python)"));
-  });
+  return run_beside_attention(params, exec, "k_cache", validate_kvcache, kvcache_append_cpu, kvcache_cuda_missing);
 }
 
 int fa_hadamard_sign(uint64_t seed, int c) { return hadamard_sign(seed, c); }
