@@ -1,13 +1,18 @@
 // The dropout mask as a pure function of its coordinates, shared by the float64 reference, the CPU backend and
-// the CUDA kernels: element (b, h, i, j) of a call with (seed, offset) is kept when word
-// ((i >> 3) & 1) * 2 + (j & 1) of Philox4x32-10(counter = (j >> 1, ((i >> 4) << 3) | (i & 7), b * heads_q + h,
-// offset_lo), key = (seed_lo, seed_hi ^ offset_hi)) is below (1 - p) * 2^32. b is the batch entry (varlen: the
-// sequence), h the query head, i and j the query and key positions within that sequence. Kept probabilities are
-// scaled by 1 / (1 - p). No state, no order: the backward regenerates the forward's mask, any tiling gives the
-// same one, and nothing N x N is stored.
-// Why this grouping: one Philox call serves the four elements {i, i + 8} x {j, j + 1} (i % 16 < 8, j even), which
-// are exactly what one thread holds of a 16 x 8 tile in the accumulators of mma.sync m16n8k16 and wgmma m64nNk16
-// with queries as rows; every word of every call is used.
+// the CUDA kernels. Element (b, h, i, j) of a call with (seed, offset) belongs to the group of eight
+//   queries {i0, i0 + 8} x keys {j0, j0 + 1, j0 + 8, j0 + 9},   i0 % 16 < 8, j0 % 16 in {0, 2, 4, 6},
+// whose four 32-bit words are Philox4x32-10(counter = (key_group(j), query_group(i), b * heads_q + h, offset_lo),
+// key = (seed_lo, seed_hi ^ offset_hi)). The element draws the 16-bit half (low for even j, high for odd j) of word
+// ((i >> 3) & 1) | ((j >> 3) & 1) << 1 and is kept when that draw is below floor((1 - p) * 2^16) (so p resolves to
+// 2^-16: at p = 0.1 the keep rate is 1 - p - 6e-6). b is the batch entry (varlen: the sequence), h the query head,
+// i and j the query and key positions within that sequence. Kept probabilities are scaled by 1 / (1 - p). No
+// state, no order: the backward regenerates the forward's mask, any tiling gives the same one, and nothing N x N is
+// stored.
+// Why this grouping: a group is exactly what one thread holds of a 16 x 16 tile of the accumulators of mma.sync
+// m16n8k16 (two adjacent n8 atoms) and wgmma m64nNk16 with queries as rows, so the sm90 forward spends one Philox
+// call on every eight probabilities; its backward (keys as rows) holds half of two groups per thread and swaps the
+// halves with the neighbouring lane (cuda/common/dropout.cuh). 16-bit draws (rather than 32) halve the calls per
+// element; 8-bit ones (FlashAttention-2's) would leave the keep rate off by up to 1/256.
 #pragma once
 
 #include <cstdint>
@@ -35,30 +40,38 @@ FA_HOST_DEVICE PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, 
 
 struct DropoutRule {
   uint64_t seed = 0, offset = 0;
-  uint32_t threshold = 0;  // keep when the word is below it: floor((1 - p) * 2^32), saturated
+  uint32_t threshold = 0;  // keep when a 16-bit draw is below it: floor((1 - p) * 2^16), at most 2^16 - 1
   float keep_scale = 1.f;  // 1 / (1 - p)
   bool on = false;
 
   DropoutRule() = default;
   DropoutRule(float p, uint64_t seed_, uint64_t offset_) : seed(seed_), offset(offset_), on(p > 0.f) {
-    const double keep = 1.0 - double(p);
-    const double t = keep * 4294967296.0;
-    threshold = t >= 4294967295.0 ? 0xFFFFFFFFu : uint32_t(t);
-    keep_scale = on ? float(1.0 / keep) : 1.f;
+    const double t = (1.0 - double(p)) * 65536.0;
+    threshold = t >= 65535.0 ? 65535u : uint32_t(t);
+    keep_scale = on ? float(1.0 / (1.0 - double(p))) : 1.f;
   }
-  // The four words of the group holding element (i, j) of (batch entry b, query head h); bh = b * heads_q + h.
-  FA_HOST_DEVICE PhiloxWords words(int64_t bh, int64_t i, int64_t j) const {
-    return philox4x32_10(uint32_t(j >> 1), uint32_t(((i >> 4) << 3) | (i & 7)), uint32_t(bh), uint32_t(offset),
-                         uint32_t(seed), uint32_t(seed >> 32) ^ uint32_t(offset >> 32));
+
+  // The group of query i (within its 16-row block: rows i % 8 and i % 8 + 8) and of key j (within its 16-column
+  // block: the pair (j % 8) / 2, both halves of the block).
+  FA_HOST_DEVICE static uint32_t query_group(int64_t i) { return uint32_t(((i >> 4) << 3) | (i & 7)); }
+  FA_HOST_DEVICE static uint32_t key_group(int64_t j) { return uint32_t(((j >> 4) << 2) | ((j >> 1) & 3)); }
+  // The four words of a group of (batch entry b, query head h); bh = b * heads_q + h.
+  FA_HOST_DEVICE PhiloxWords group_words(int64_t bh, uint32_t query_grp, uint32_t key_grp) const {
+    return philox4x32_10(key_grp, query_grp, uint32_t(bh), uint32_t(offset), uint32_t(seed),
+                         uint32_t(seed >> 32) ^ uint32_t(offset >> 32));
   }
-  // Which of the group's words element (i, j) draws.
-  FA_HOST_DEVICE static int word_of(int64_t i, int64_t j) { return int(((i >> 3) & 1) * 2 + (j & 1)); }
-  // The factor a word gives: 0 (dropped) or 1 / (1 - p).
-  FA_HOST_DEVICE float keep(uint32_t word) const { return word < threshold ? keep_scale : 0.f; }
+  // Which of its group's words element (i, j) draws from (its half: j & 1).
+  FA_HOST_DEVICE static int word_of(int64_t i, int64_t j) { return int(((i >> 3) & 1) | (((j >> 3) & 1) << 1)); }
+  // Whether the high (odd key) / low (even key) half of a word keeps its element, compared in 32 bits: a half h is
+  // below the threshold exactly when h * 2^16 is below threshold * 2^16.
+  FA_HOST_DEVICE bool keeps_high(uint32_t word) const { return word < (threshold << 16); }
+  FA_HOST_DEVICE bool keeps_low(uint32_t word) const { return (word << 16) < (threshold << 16); }
+  FA_HOST_DEVICE bool keeps_half(uint32_t word, bool high) const { return high ? keeps_high(word) : keeps_low(word); }
   // The factor of probability (b, h, i, j): 0 (dropped) or 1 / (1 - p); 1 without dropout.
   FA_HOST_DEVICE float factor(int64_t b, int64_t heads_q, int64_t h, int64_t i, int64_t j) const {
     if (!on) return 1.f;
-    return keep(words(b * heads_q + h, i, j).w[word_of(i, j)]);
+    const PhiloxWords w = group_words(b * heads_q + h, query_group(i), key_group(j));
+    return keeps_half(w.w[word_of(i, j)], (j & 1) != 0) ? keep_scale : 0.f;
   }
 };
 

@@ -52,7 +52,7 @@ struct FwdParams {
   const float* alibi = nullptr;  // slopes, (Hq) or (B, Hq)
   int64_t alibi_batch_stride = 0;
   const float* sinks = nullptr;  // learnable sink logit per query head (natural-log units), optional
-  // Dropout (sm80 kernels with the Dropout variant): the mask rule of core/dropout.hpp, keyed by batch entry,
+  // Dropout (the Dropout variants of both families): the mask rule of core/dropout.hpp, keyed by batch entry,
   // query head and the positions within the sequence.
   detail::DropoutRule dropout;
 

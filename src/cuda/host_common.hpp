@@ -69,8 +69,10 @@ detail::Error run_backward(const detail::Problem& p, const BwdPlan& plan, cudaSt
 namespace sm90 {
 // Whether the sm90a kernels can run on this device (built only when FLASHATTN_CUDA_ARCHS lists 90a).
 cudaError_t kernels_runnable(int device);
-Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods);
-Instance find_bwd(fa_dtype dtype, int64_t need);  // not found: none built for this dtype and head dim
+// Kernels with or without score mods / dropout (each its own instantiation); not found: none built for this dtype and
+// head dim.
+Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods, bool dropout);
+Instance find_bwd(fa_dtype dtype, int64_t need, bool dropout);
 detail::Error run_backward(const detail::Problem& p, const BwdPlan& plan, cudaStream_t stream);
 // `workspace`: plan.workspace_bytes of device memory ordered on `stream` (null when the plan needs none).
 detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* workspace, cudaStream_t stream);

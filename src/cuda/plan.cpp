@@ -102,15 +102,18 @@ std::string sm90_tma_unfit(const detail::Problem& p) {
 std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
   // FP8 runs nowhere else on CUDA: its refusals name what it lacks (no fallback to suggest).
   if (p.fp8() && p.dropout.on) return "dropout_p: the cuda-sm90 FP8 forward has no dropout (forward-only inference)";
-  *instance = sm90::find_fwd(p.dtype, max_head_dim(p), needs_score_mods(p));
+  // Dropout has its own kernels, without score mods: those two together run on cuda-sm80.
+  if (p.dropout.on && needs_score_mods(p))
+    return "dropout_p: the cuda-sm90 forward has no kernel for dropout with softcap/ALiBi (FA_BACKEND_AUTO runs it on "
+           "cuda-sm80)";
+  *instance = sm90::find_fwd(p.dtype, max_head_dim(p), needs_score_mods(p), p.dropout.on);
   if (p.fp8() && !instance->found())
     return "q: this build has no cuda-sm90 FP8 kernel for head_dim " + std::to_string(p.head_dim) + ", head_dim_v " +
            std::to_string(p.head_dim_v);
   if (!instance->found())
     return "q: the cuda-sm90 backend has no kernel for this dtype with head_dim " + std::to_string(p.head_dim) +
            ", head_dim_v " + std::to_string(p.head_dim_v) + (needs_score_mods(p) ? " and softcap/ALiBi" : "") +
-           " in this build (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
-  if (p.dropout.on) return "dropout_p: the cuda-sm90 forward has no dropout yet (FA_BACKEND_AUTO runs it on cuda-sm80)";
+           (p.dropout.on ? " and dropout" : "") + " in this build (use FA_BACKEND_AUTO to fall back to cuda-sm80)";
   if (p.fp8() && (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0))
     return "q: the cuda-sm90 FP8 forward needs head_dim and head_dim_v multiples of 16 (got " +
            std::to_string(p.head_dim) + ", " + std::to_string(p.head_dim_v) + ")";
@@ -153,8 +156,10 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // per head inside one tile). Packed tiles take the causal/window tiles.
   const sm90::FwdTiles windowed_tiles = sm90::fwd_tiles(instance.head_dim, true);
   // Not for FP8 yet: its packed Q gather is not written.
-  f.pack_gqa = p.group() > 1 && p.seqlen_q < windowed_tiles.block_q() && p.alibi == nullptr && !p.fp8();
-  const sm90::FwdTiles t = sm90::fwd_tiles(instance.head_dim, f.windowed || f.pack_gqa, p.fp8());
+  // Not with dropout either: its mask is keyed by one query head per tile.
+  f.pack_gqa = p.group() > 1 && p.seqlen_q < windowed_tiles.block_q() && p.alibi == nullptr && !p.fp8() &&
+               !p.dropout.on;
+  const sm90::FwdTiles t = sm90::fwd_tiles(instance.head_dim, f.windowed || f.pack_gqa || p.dropout.on, p.fp8());
   f.block_q = t.block_q();
   f.block_k = t.block_k;
   f.warps = t.consumer_warpgroups;
@@ -305,13 +310,13 @@ void bwd_geometry(const detail::Problem& p, BwdPlan& b) {
 // bias need their own instantiation) and deterministic mode (the bulk reduce-adds of dQ come in any order) run the
 // sm80 backward for now.
 std::string sm90_bwd_unfit(const detail::Problem& p, const fa_exec& exec, Instance* instance) {
-  *instance = sm90::find_bwd(p.dtype, max_head_dim(p));
+  *instance = sm90::find_bwd(p.dtype, max_head_dim(p), p.dropout.on);
   if (!instance->found())
     return "q: the cuda-sm90 backend has no backward kernel for this dtype with head_dim " +
-           std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) + " in this build";
+           std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) +
+           (p.dropout.on ? " and dropout" : "") + " in this build";
   if (needs_score_mods(p)) return "softcap: the cuda-sm90 backward has no softcap/ALiBi kernels yet";
   if (exec.deterministic) return "exec.deterministic: the cuda-sm90 backward has no deterministic mode yet";
-  if (p.dropout.on) return "dropout_p: the cuda-sm90 backward has no dropout yet";
   if (std::string unfit = sm90_tma_unfit(p); !unfit.empty()) return unfit;
   if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
     return "q: the cuda-sm90 backward supports at most 65535 heads and batch entries";

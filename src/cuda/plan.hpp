@@ -24,7 +24,7 @@ enum class Schedule : uint8_t {
 struct Variant {
   bool score_mods = false;       // softcap and/or ALiBi
   bool padded_head_dim = false;  // head_dim or head_dim_v below the compiled head dim
-  bool dropout = false;          // dropout_p > 0 (sm80 only)
+  bool dropout = false;          // dropout_p > 0
 };
 
 // Where split-KV keeps its partial results in the plan's workspace (bytes from its start, after the dynamic

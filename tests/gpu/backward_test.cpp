@@ -150,12 +150,12 @@ void run_backward_case(const Case& c) {
   ASSERT_EQ(fa_backward(&gp, &exec), FA_OK) << fa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   // The kernels that ran, as the plan names them: cuda-sm90 takes fp16/bf16 at every head dim up to 256 (above 128
-  // the head-dim-split mainloop) without softcap, ALiBi, dropout or deterministic mode (plan.cpp); everything else
-  // is the sm80 backward.
+  // the head-dim-split mainloop), with or without dropout, without softcap, ALiBi or deterministic mode (plan.cpp);
+  // everything else is the sm80 backward.
   fa_plan_info plan{};
   ASSERT_EQ(fa_backward_plan(&gp, &exec, &plan), FA_OK) << fa_last_error();
   const bool sm90_takes = c.backend == FA_BACKEND_CUDA_SM90 && std::max(c.d, dim_v) <= 256 && c.softcap == 0.f &&
-                          c.dropout_p == 0.f && c.alibi == Alibi::kNone && !c.deterministic;
+                          c.alibi == Alibi::kNone && !c.deterministic;
   EXPECT_STREQ(plan.kernels, sm90_takes ? "cuda-sm90" : "cuda-sm80");
   const std::vector<uint16_t> got_q = dq.download(), got_k = dk.download(), got_v = dv.download();
   const std::vector<float> got_dsinks = c.sinks ? ddsinks.download() : std::vector<float>{};
@@ -284,7 +284,7 @@ std::vector<Case> backward_cases() {
 }
 // clang-format on
 
-// Dropout (cuda-sm80's Dropout variant, forward and backward): the reference regenerates the same mask
+// Dropout (the Dropout variants of both families, forward and backward): the reference regenerates the same mask
 // (core/dropout.hpp). Odd shapes and every mask, each tile's head dim and a padded one, GQA, varlen, softcap +
 // ALiBi, sinks, deterministic dQ, an offset with high bits.
 // A hand-aligned case table: one case or rule per line.
@@ -317,6 +317,25 @@ TEST_P(Backward, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Sm80Dropout, Backward,
                          testing::ValuesIn(for_backends(dropout_backward_cases(), {FA_BACKEND_CUDA_SM80})),
                          bwd_case_name);
+// The sm90 dropout kernels: the same table but softcap + ALiBi (whose forward runs on sm80 only; deterministic dQ
+// runs the sm80 backward after the sm90 forward), and keys of many blocks at each mainloop's head dims.
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
+std::vector<Case> sm90_dropout_backward_cases() {
+  std::vector<Case> v;
+  for (const Case& c : dropout_backward_cases())
+    if (c.softcap == 0.f && c.alibi == Alibi::kNone) v.push_back(c);
+  for (int64_t d : {64, 128, 192, 256}) {
+    Case l; l.sq = 300, l.sk = 530, l.hq = 4, l.hkv = 2, l.d = l.dv = d; l.dropout_p = 0.1f;
+    l.name = "dropout_long_gqa_d" + std::to_string(d); v.push_back(l);
+    l.name = "dropout_long_gqa_causal_d" + std::to_string(d); l.causal = true; v.push_back(l);
+  }
+  return v;
+}
+// clang-format on
+INSTANTIATE_TEST_SUITE_P(Sm90Dropout, Backward,
+                         testing::ValuesIn(for_backends(sm90_dropout_backward_cases(), {FA_BACKEND_CUDA_SM90})),
+                         bwd_case_name);
 // Both families: on a Hopper GPU cuda-sm90 runs its own backward wherever its plan takes the problem (and the
 // sm80 one elsewhere: softcap, ALiBi, deterministic).
 INSTANTIATE_TEST_SUITE_P(Sm80, Backward, testing::ValuesIn(for_backends(backward_cases(), {FA_BACKEND_CUDA_SM80})),
@@ -344,7 +363,8 @@ std::vector<Case> backward_sanitizer_cases() {
   return v;
 }
 // clang-format on
-// Both families, and the sm80 dropout kernels (causal GQA, and padded varlen with deterministic dQ).
+// Both families, the sm80 dropout kernels (causal GQA, and padded varlen with deterministic dQ) and the sm90 ones
+// (causal GQA at both mainloops' head dims, padded varlen).
 std::vector<Case> all_backward_sanitizer_cases() {
   std::vector<Case> v = for_backends(backward_sanitizer_cases(), {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90});
   Case c;
@@ -354,6 +374,11 @@ std::vector<Case> all_backward_sanitizer_cases() {
   u.d = u.dv = 72, u.lens_q = {3, 70}, u.lens_k = {50, 9}, u.dropout_p = 0.3f, u.deterministic = true;
   u.name = "dropout_varlen_d72_deterministic";
   for (const Case& d : for_backends({c, u}, {FA_BACKEND_CUDA_SM80})) v.push_back(d);
+  Case c256 = c;
+  c256.d = c256.dv = 256, c256.name = "dropout_gqa_causal_d256";
+  Case n = u;
+  n.deterministic = false, n.name = "dropout_varlen_d72";
+  for (const Case& d : for_backends({c, c256, n}, {FA_BACKEND_CUDA_SM90})) v.push_back(d);
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Sanitizer, Backward, testing::ValuesIn(all_backward_sanitizer_cases()), bwd_case_name);

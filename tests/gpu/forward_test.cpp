@@ -389,10 +389,10 @@ std::vector<Case> forward_cases() {
 }
 // clang-format on
 
-// Dropout (cuda-sm80's Dropout variant; the plan runs it there on every GPU): the reference draws the same mask
-// (core/dropout.hpp), so the outputs match it element for element under the usual tolerance. Odd shapes and every
-// mask, head dims of each tile (64, 128, 256) and a padded one, GQA, varlen with seqused_k, softcap + ALiBi,
-// sinks, and an offset with high bits (the key's second word).
+// Dropout (the Dropout variants of both families): the reference draws the same mask (core/dropout.hpp), so the
+// outputs match it element for element under the usual tolerance. Odd shapes and every mask, head dims of each tile
+// (64, 128, 256) and a padded one, GQA, varlen with seqused_k, softcap + ALiBi, sinks, and an offset with high bits
+// (the key's second word).
 // A hand-aligned case table: one case or rule per line.
 // clang-format off
 std::vector<Case> dropout_cases() {
@@ -422,12 +422,38 @@ TEST_P(Forward, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Sm80Dropout, Forward, testing::ValuesIn(for_backends(dropout_cases(), {FA_BACKEND_CUDA_SM80})),
                          case_name);
 
-// AUTO on a GPU whose own family has no dropout yet (sm90) plans cuda-sm80 for it; cuda-sm90 asked for by name
-// refuses it with an error naming dropout_p.
-TEST(ForwardDropout, AutoRunsItWhereSm90CannotYet) {
+// The sm90 dropout kernels (no score mods: dropout with softcap/ALiBi runs on sm80, ForwardDropout below): the same
+// table, plus key ranges split over CTAs (split-KV, GQA decode: dropout tiles are never packed) and keys of many
+// blocks at each tile's width.
+// A hand-aligned case table: one case or rule per line.
+// clang-format off
+std::vector<Case> sm90_dropout_cases() {
+  std::vector<Case> v;
+  for (const Case& c : dropout_cases())
+    if (c.softcap == 0.f && c.alibi == Alibi::kNone) v.push_back(c);
+  Case s; s.sq = 1, s.sk = 1100, s.hq = 8, s.hkv = 2, s.d = s.dv = 128; s.num_splits = 3; s.dropout_p = 0.25f;
+  s.name = "dropout_split3_gqa_decode"; v.push_back(s);
+  Case w; w.d = w.dv = 64; w.lens_q = {3, 40}; w.lens_k = {500, 9}; w.num_splits = 4; w.causal = true; w.dropout_p = 0.3f;
+  w.name = "dropout_split4_varlen_causal_d64"; v.push_back(w);
+  for (int64_t d : {64, 128, 256}) {
+    Case l; l.sq = 700, l.sk = 1030, l.d = l.dv = d; l.dropout_p = 0.1f;
+    l.name = "dropout_long_d" + std::to_string(d); v.push_back(l);
+    l.name = "dropout_long_causal_d" + std::to_string(d); l.causal = true; v.push_back(l);
+  }
+  return v;
+}
+// clang-format on
+INSTANTIATE_TEST_SUITE_P(Sm90Dropout, Forward,
+                         testing::ValuesIn(for_backends(sm90_dropout_cases(), {FA_BACKEND_CUDA_SM90})), case_name);
+
+// AUTO plans dropout on the GPU's own family: cuda-sm90 on Hopper, except with softcap/ALiBi (no such sm90 kernel),
+// which runs on cuda-sm80; cuda-sm90 asked for by name refuses that one with an error naming dropout_p.
+TEST(ForwardDropout, AutoRunsScoreModsOnSm80) {
   SKIP_WITHOUT_GPU();
   Case c;
   c.sq = 70, c.sk = 90, c.d = c.dv = 64, c.dropout_p = 0.2f, c.backend = FA_BACKEND_AUTO, c.name = "auto_dropout";
+  run_case(c);
+  c.softcap = 3.f, c.name = "auto_dropout_softcap";
   run_case(c);
   DeviceBuffer<uint16_t> q(70 * 64), k(90 * 64), v(90 * 64), out(70 * 64);
   fa_fwd_params p{};
@@ -440,11 +466,15 @@ TEST(ForwardDropout, AutoRunsItWhereSm90CannotYet) {
   p.attn.dropout_p = 0.2f;
   fa_exec exec = fa_exec_default();
   fa_plan_info plan{};
-  ASSERT_EQ(fa_forward_plan(&p, &exec, &plan), FA_OK) << fa_last_error();
-  EXPECT_STREQ(plan.kernels, "cuda-sm80");
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  if (major == 9) {
+  ASSERT_EQ(fa_forward_plan(&p, &exec, &plan), FA_OK) << fa_last_error();
+  const std::string family = plan.kernels;
+  if (major == 9 && family != "cuda-sm80") EXPECT_EQ(family, "cuda-sm90");  // sm80 only in a build without sm90a
+  p.attn.softcap = 3.f;
+  ASSERT_EQ(fa_forward_plan(&p, &exec, &plan), FA_OK) << fa_last_error();
+  EXPECT_STREQ(plan.kernels, "cuda-sm80");
+  if (major == 9 && family == "cuda-sm90") {
     exec.backend = FA_BACKEND_CUDA_SM90;
     EXPECT_EQ(fa_forward(&p, &exec), FA_ERROR_UNSUPPORTED);
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
@@ -479,7 +509,8 @@ std::vector<Case> sanitizer_cases() {
   return v;
 }
 // clang-format on
-// Both families, and the sm80 dropout kernel (causal d128, padded varlen with ALiBi).
+// Both families, the sm80 dropout kernel (causal d128, padded varlen with ALiBi) and the sm90 ones (causal d128,
+// padded varlen, split-KV decode).
 std::vector<Case> all_sanitizer_cases() {
   std::vector<Case> v = for_backends(sanitizer_cases(), {FA_BACKEND_CUDA_SM80, FA_BACKEND_CUDA_SM90});
   Case c;
@@ -489,6 +520,12 @@ std::vector<Case> all_sanitizer_cases() {
   u.d = u.dv = 72, u.lens_q = {3, 140}, u.lens_k = {70, 9}, u.alibi = Alibi::kHeads, u.dropout_p = 0.3f;
   u.name = "dropout_varlen_alibi_d72";
   for (const Case& d : for_backends({c, u}, {FA_BACKEND_CUDA_SM80})) v.push_back(d);
+  Case n = u;
+  n.alibi = Alibi::kNone, n.name = "dropout_varlen_d72";
+  Case s;
+  s.sq = 1, s.sk = 1100, s.hq = 8, s.hkv = 2, s.d = s.dv = 128, s.num_splits = 3, s.dropout_p = 0.25f;
+  s.name = "dropout_split3_gqa_decode";
+  for (const Case& d : for_backends({c, n, s}, {FA_BACKEND_CUDA_SM90})) v.push_back(d);
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Sanitizer, Forward, testing::ValuesIn(all_sanitizer_cases()), case_name);
@@ -662,6 +699,26 @@ TEST(Sm80Validation, TileShapeReported) {
     EXPECT_EQ(bq, want.block_q) << keys << " keys";
     EXPECT_EQ(bk, want.block_k) << keys << " keys";
   }
+}
+
+// The sm90 dropout kernels take the windowed tile table entry under every mask (tiles.hpp): what the plan reports.
+TEST(ForwardDropout, Sm90TileShapeReported) {
+  SKIP_WITHOUT_GPU();
+  SmallCall call;
+  int64_t d128[4] = {1, 16, 2, 128};  // d128: its windowed and unmasked entries differ (each tensor 8 KiB of buf)
+  for (fa_tensor* t : {&call.p.attn.q, &call.p.attn.k, &call.p.attn.v, &call.p.out})
+    *t = fa_make_tensor(t->data, FA_BFLOAT16, FA_DEVICE_CUDA, 4, d128);
+  call.p.attn.dropout_p = 0.1f;
+  fa_exec exec = fa_exec_default();
+  exec.backend = FA_BACKEND_CUDA_SM90;
+  if (fa_forward(&call.p, &exec) == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(fa_last_error()))
+    GTEST_SKIP() << fa_last_error();
+  int bq = 0, bk = 0;
+  fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
+  constexpr flashattn::cuda::sm90::FwdTiles kD128 = flashattn::cuda::sm90::fwd_tiles(128, true);
+  static_assert(kD128.block_k != flashattn::cuda::sm90::fwd_tiles(128, false).block_k);
+  EXPECT_EQ(bq, kD128.block_q());
+  EXPECT_EQ(bk, kD128.block_k);
 }
 
 TEST(Sm80Validation, Sm90TileShapeReported) {

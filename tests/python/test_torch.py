@@ -552,7 +552,7 @@ def test_learnable_sink(device, dtype, mask):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_dropout(device, dtype, causal, p):
-    """Dropout (the CPU backend; cuda-sm80's kernels, which AUTO picks on every GPU). With V = I the output is the
+    """Dropout (the CPU backend; on CUDA the GPU family's dropout kernels). With V = I the output is the
     dropped-out probability matrix itself, which reveals the mask; the mask depends only on the seed and the
     coordinates, so a second call with the same seed and a random V must equal float64 math with that mask,
     forward and backward. The seed comes from torch's generator: the same torch.manual_seed gives the same

@@ -5,7 +5,7 @@
 # usage: bench/gpu/dev/sm90_bwd_loop.sh OUTDIR [gtest filter]
 # DEV_HDIMS: the sm90 head dims (default "64;128"); DEV_SAN_FILTER: the sanitizers' gtest filter; DEV_PYTHON=OFF:
 # no Python extension and no benchmark (a C++-only check, e.g. of the forward's load paths); DEV_TARGET: build only it;
-# DEV_BWD_BENCH=0: no backward benchmark.
+# DEV_BWD_BENCH=0: no backward benchmark; DEV_GTEST_S: the GPU suite's timeout (default 200 s).
 set -uo pipefail
 OUT=$1; FILTER=${2:-'*Backward*'}
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -38,7 +38,7 @@ grep -E "spill|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | head -
 BIN=$(find "$W/build" -name 'flashattn_gpu_tests' -type f | head -1)
 [[ -n $BIN ]] || BIN=$(find "$W/build" -name '*gpu*test*' -type f -executable | head -1)
 echo "tests: $BIN"
-FLASHATTN_REQUIRE_SM90=1 timeout 200 "$BIN" --gtest_filter="$FILTER" >"$OUT/gtest.log" 2>&1
+FLASHATTN_REQUIRE_SM90=1 timeout "${DEV_GTEST_S:-200}" "$BIN" --gtest_filter="$FILTER" >"$OUT/gtest.log" 2>&1
 echo "gtest rc $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" "$OUT/gtest.log" | head -40
 if [[ ${DEV_BWD_SANITIZE:-1} == 1 ]]; then
   for tool in memcheck racecheck; do

@@ -11,6 +11,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "core/mask_rule.hpp"
+#include "cuda/common/dropout.cuh"
 #include "cuda/fwd_params.hpp"
 
 namespace flashattn::cuda {
@@ -146,26 +147,13 @@ __device__ void apply_mask(const Mask& mask, S& s, const C& coords, int m0, int 
   }
 }
 
-// Dropout of the probabilities s (rows, cols) of one tile; coords as above, bh = batch entry * heads_q + query
-// head. Rows 2r and 2r + 1 of the view are queries i and i + 8 (i % 16 < 8) and columns 2c and 2c + 1 keys j and
-// j + 1 (j even): the accumulator ownership of mma.sync m16n8k16 and wgmma with queries as rows, which
-// core/dropout.hpp groups into one Philox call.
-template <class S, class C>
+// Dropout of the probabilities s (rows, cols) of one tile with queries as rows (cuda/common/dropout.cuh); coords as
+// above, bh = batch entry * heads_q + query head. Kept ones are scaled by 1 / (1 - p) here.
+template <bool kPairedAtoms, class S, class C>
 __device__ __forceinline__ void apply_dropout(const detail::DropoutRule& d, S& s, const C& coords, int64_t bh, int m0,
                                               int n0) {
-  static_assert(decltype(cute::size<0>(s))::value % 2 == 0 && decltype(cute::size<1>(s))::value % 2 == 0);
-  CUTE_UNROLL
-  for (int r = 0; r < cute::size<0>(s); r += 2) {
-    const int i = m0 + cute::get<0>(coords(r, 0));
-    CUTE_UNROLL
-    for (int c = 0; c < cute::size<1>(s); c += 2) {
-      const detail::PhiloxWords w = d.words(bh, i, n0 + cute::get<1>(coords(0, c)));
-      s(r, c) *= d.keep(w.w[0]);
-      s(r, c + 1) *= d.keep(w.w[1]);
-      s(r + 1, c) *= d.keep(w.w[2]);
-      s(r + 1, c + 1) *= d.keep(w.w[3]);
-    }
-  }
+  dropout_query_rows<kPairedAtoms>(d, coords, bh, m0, n0,
+                                   [&](int r, int c, bool kept) { s(r, c) = kept ? s(r, c) * d.keep_scale : 0.f; });
 }
 
 // fp32 accumulators -> fp16/bf16, two at a time (one cvt.rn.{bf16x2,f16x2}.f32 per pair).

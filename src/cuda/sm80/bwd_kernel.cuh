@@ -441,22 +441,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const __grid_cons
           dp(r, c) = prob * (dp(r, c) * z - rs.dsum) * dscore;
         };
         if constexpr (Variant::kDropout) {
-          // Rows 2r, 2r + 1 are queries i, i + 8 and columns 2c, 2c + 1 keys j, j + 1: one Philox call of the
-          // mask rule (core/dropout.hpp, apply_dropout in fwd_policies.cuh) for the four.
+          // The mask rule's walk over a query-rows fragment (cuda/common/dropout.cuh); this kernel's warp grids may
+          // split a 16-key block between warps, so a Philox call serves a quad.
           const int64_t bh = int64_t(batch) * p.heads_q + head;
+          RowState rows[kRows];
           CUTE_UNROLL
-          for (int r = 0; r < kRows; r += 2) {
-            const RowState top = row_state(r), bottom = row_state(r + 1);
-            const int i = m0 + get<0>(cS_rc(r, 0));
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; c += 2) {
-              const flashattn::detail::PhiloxWords w = p.dropout.words(bh, i, n0 + get<1>(cS_rc(0, c)));
-              element(r, c, top, p.dropout.keep(w.w[0]));
-              element(r, c + 1, top, p.dropout.keep(w.w[1]));
-              element(r + 1, c, bottom, p.dropout.keep(w.w[2]));
-              element(r + 1, c + 1, bottom, p.dropout.keep(w.w[3]));
-            }
-          }
+          for (int r = 0; r < kRows; ++r) rows[r] = row_state(r);
+          dropout_query_rows<false>(p.dropout, cS_rc, bh, m0, n0, [&](int r, int c, bool kept) {
+            element(r, c, rows[r], kept ? p.dropout.keep_scale : 0.f);
+          });
         } else {
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r) {

@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     softmax.template update<kFirst>(s, acc_o_rc, p.scale_log2);
     // After the row sums (the normaliser is the undropped softmax's), before P.V.
     if constexpr (Variant::kDropout)
-      apply_dropout(p.dropout, s, cS_rc, int64_t(tile.batch) * p.heads_q + tile.head, m0, n0);
+      apply_dropout<false>(p.dropout, s, cS_rc, int64_t(tile.batch) * p.heads_q + tile.head, m0, n0);
     Tensor probs = convert_fragment<Element>(acc_s);
     Tensor rP = make_tensor(probs.data(), acc_as_a_operand(probs.layout()));
     gemm_reg_smem(acc_o, rP, rVt, tOsVt, mma, smem_v, smem_v_thr);

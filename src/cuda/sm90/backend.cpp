@@ -13,21 +13,21 @@
 
 namespace flashattn::cuda::sm90 {
 
-#define FA_SM90_FWD(dtype, hdim, mods)                                                                            \
-  extern template cudaError_t launch_fwd<dtype, hdim, mods, Mechanisms<>>(const FwdParams&, const FwdPlan&, int*, \
-                                                                          cudaStream_t);                          \
-  extern template cudaError_t fwd_attributes<dtype, hdim, mods, Mechanisms<>>(cudaFuncAttributes*);
+#define FA_SM90_FWD(dtype, hdim, mods, dropout)                                                                  \
+  extern template cudaError_t launch_fwd<dtype, hdim, mods, dropout, Mechanisms<>>(const FwdParams&, const FwdPlan&, \
+                                                                                   int*, cudaStream_t);              \
+  extern template cudaError_t fwd_attributes<dtype, hdim, mods, dropout, Mechanisms<>>(cudaFuncAttributes*);
 #include "sm90_fwd_kernels.inc"
 #undef FA_SM90_FWD
 
-#define FA_SM90_BWD(dtype, hdim) \
-  extern template cudaError_t launch_bwd<dtype, hdim>(const BwdParams&, const BwdPlan&, cudaStream_t);
+#define FA_SM90_BWD(dtype, hdim, dropout) \
+  extern template cudaError_t launch_bwd<dtype, hdim, dropout>(const BwdParams&, const BwdPlan&, cudaStream_t);
 #include "sm90_bwd_kernels.inc"
 #undef FA_SM90_BWD
 
-#define FA_SM90_ABLATION(name, ...)                                                                                    \
-  extern template cudaError_t launch_fwd<FA_BFLOAT16, 128, false, __VA_ARGS__>(const FwdParams&, const FwdPlan&, int*, \
-                                                                               cudaStream_t);
+#define FA_SM90_ABLATION(name, ...)                                                                     \
+  extern template cudaError_t launch_fwd<FA_BFLOAT16, 128, false, false, __VA_ARGS__>(const FwdParams&, \
+                                                                                      const FwdPlan&, int*, cudaStream_t);
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
 
@@ -43,16 +43,16 @@ struct Ablation {
   Launch launch;
 };
 const Ablation kAblations[] = {
-#define FA_SM90_ABLATION(name, ...) {#name, &launch_fwd<FA_BFLOAT16, 128, false, __VA_ARGS__>},
+#define FA_SM90_ABLATION(name, ...) {#name, &launch_fwd<FA_BFLOAT16, 128, false, false, __VA_ARGS__>},
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
     {nullptr, nullptr}};
 
-// The plans the default table serves with its bf16 d128 kernel without score mods (not packed: the variants
+// The plans the default table serves with its plain bf16 d128 kernel (not packed: the variants
 // are the unpacked kernel's mechanisms).
 Launch ablation_launch(const detail::Problem& p, const FwdPlan& plan) {
   if (kAblations[0].name == nullptr || p.dtype != FA_BFLOAT16 || plan.head_dim != 128 || plan.variant.score_mods ||
-      plan.pack_gqa)
+      plan.variant.dropout || plan.pack_gqa)
     return nullptr;
   const char* want = std::getenv("FLASHATTN_SM90_MECHANISMS");
   if (want == nullptr) return nullptr;
@@ -65,13 +65,15 @@ struct FwdKernel {
   fa_dtype dtype;
   int head_dim;  // compiled head dim; serves every problem with max(d, dv) <= it
   bool score_mods;
+  bool dropout;
   Launch launch;
   cudaError_t (*attributes)(cudaFuncAttributes*);
 };
 
 constexpr FwdKernel kFwdKernels[] = {
-#define FA_SM90_FWD(dtype, hdim, mods) \
-  {dtype, hdim, mods, &launch_fwd<dtype, hdim, mods, Mechanisms<>>, &fwd_attributes<dtype, hdim, mods, Mechanisms<>>},
+#define FA_SM90_FWD(dtype, hdim, mods, dropout)                                 \
+  {dtype, hdim, mods, dropout, &launch_fwd<dtype, hdim, mods, dropout, Mechanisms<>>, \
+   &fwd_attributes<dtype, hdim, mods, dropout, Mechanisms<>>},
 #include "sm90_fwd_kernels.inc"
 #undef FA_SM90_FWD
 };
@@ -79,22 +81,24 @@ constexpr FwdKernel kFwdKernels[] = {
 struct BwdKernel {
   fa_dtype dtype;
   int head_dim;
+  bool dropout;
   BwdLaunch launch;
 };
 
 constexpr BwdKernel kBwdKernels[] = {
-#define FA_SM90_BWD(dtype, hdim) {dtype, hdim, &launch_bwd<dtype, hdim>},
+#define FA_SM90_BWD(dtype, hdim, dropout) {dtype, hdim, dropout, &launch_bwd<dtype, hdim, dropout>},
 #include "sm90_bwd_kernels.inc"
 #undef FA_SM90_BWD
-    {FA_FLOAT32, 0, nullptr}};  // end marker (builds without sm90 backward instances)
+    {FA_FLOAT32, 0, false, nullptr}};  // end marker (builds without sm90 backward instances)
 
 }  // namespace
 
-Instance find_bwd(fa_dtype dtype, int64_t need) {
+Instance find_bwd(fa_dtype dtype, int64_t need, bool dropout) {
   Instance best;
   for (size_t i = 0; kBwdKernels[i].launch != nullptr; ++i) {
     const BwdKernel& k = kBwdKernels[i];
-    if (k.dtype == dtype && k.head_dim >= need && (!best.found() || k.head_dim < best.head_dim))
+    if (k.dtype == dtype && k.dropout == dropout && k.head_dim >= need &&
+        (!best.found() || k.head_dim < best.head_dim))
       best = {int(i), k.head_dim};
   }
   return best;
@@ -105,11 +109,11 @@ detail::Error run_backward(const detail::Problem& p, const BwdPlan& plan, cudaSt
 }
 
 // The smallest compiled head dim that covers the problem (less zero-filled math).
-Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods) {
+Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods, bool dropout) {
   Instance best;
   for (size_t i = 0; i < sizeof(kFwdKernels) / sizeof(kFwdKernels[0]); ++i) {
     const FwdKernel& k = kFwdKernels[i];
-    if (k.dtype == dtype && k.score_mods == score_mods && k.head_dim >= need &&
+    if (k.dtype == dtype && k.score_mods == score_mods && k.dropout == dropout && k.head_dim >= need &&
         (!best.found() || k.head_dim < best.head_dim))
       best = {int(i), k.head_dim};
   }

@@ -7,7 +7,8 @@
 //                     the dQ postprocess kernel
 // around the preprocess and GQA reduction kernels both families share (common/bwd_common.cuh). One CTA per
 // (key block, query head, batch); masks (causal both alignments, window), GQA, varlen and seqused_k use the
-// policies shared with the forward. Softcap, ALiBi and deterministic mode run the sm80 backward (plan.cpp).
+// policies shared with the forward; dropout regenerates the forward's mask (variant::Dropout). Softcap, ALiBi and
+// deterministic mode run the sm80 backward (plan.cpp).
 #pragma once
 
 #include "cuda/sm90/bwd_epilogue.cuh"
@@ -17,10 +18,12 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class Traits, class Mask>
+// Opts: a BwdVariant (bwd_mainloop.cuh): dropout.
+template <class Traits, class Mask, class Opts>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelParams<Traits> kp) {
   using Pipeline = typename Traits::Pipeline;
-  using Mainloop = std::conditional_t<Traits::kSplitHeadDim, BwdMainloopSplit<Traits, Mask>, BwdMainloop<Traits, Mask>>;
+  using Mainloop = std::conditional_t<Traits::kSplitHeadDim, BwdMainloopSplit<Traits, Mask, Opts>,
+                                      BwdMainloop<Traits, Mask, Opts>>;
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
   const BwdParams& p = kp.p;
@@ -60,6 +63,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   clear(acc_dk);
   clear(acc_dv);
   if (!blk.empty()) Mainloop(ss, pipe_q, pipe_do, ctid).run(p, blk, acc_dk, acc_dv);
+  if constexpr (Opts::kDropout) scale_dropout_dv(p, acc_dv);
   BwdEpilogue<Traits>::store(p, blk.seq, blk.n_block, blk.head, blk.batch, acc_dk, acc_dv, ctid);
 }
 

@@ -10,7 +10,7 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class Traits, class Mask>
+template <class Traits, class Mask, class Opts>
 cudaError_t launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -39,7 +39,7 @@ cudaError_t launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
   kp.shape_k = mK.shape();
   kp.shape_v = mV.shape();
 
-  auto kernel = &bwd_kernel<Traits, Mask>;
+  auto kernel = &bwd_kernel<Traits, Mask, Opts>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
       e != cudaSuccess)
     return e;
@@ -48,13 +48,15 @@ cudaError_t launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <fa_dtype kDtype, int kHeadDim>
+// kDropout: the table entry's flag (dropout kernels are their own units).
+template <fa_dtype kDtype, int kHeadDim, bool kDropout>
 cudaError_t launch_bwd(const BwdParams& p, const BwdPlan& /*plan*/, cudaStream_t stream) {
   using Traits = BwdTraits<typename ElementOf<kDtype>::type, kHeadDim>;
+  using Opts = BwdVariantOf<kDropout>;
   if (cudaError_t e = launch_preprocess<kDtype>(p, stream); e != cudaSuccess) return e;
   if (p.seqlen_k > 0) {
-    const cudaError_t e = p.has_window ? launch_bwd_main<Traits, WindowMask>(p, stream)
-                                       : launch_bwd_main<Traits, KeyLengthMask>(p, stream);
+    const cudaError_t e = p.has_window ? launch_bwd_main<Traits, WindowMask, Opts>(p, stream)
+                                       : launch_bwd_main<Traits, KeyLengthMask, Opts>(p, stream);
     if (e != cudaSuccess) return e;
   }
   if (p.seqlen_q > 0) {

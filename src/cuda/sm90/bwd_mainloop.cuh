@@ -6,9 +6,73 @@
 // take their pipelines, tails and row statistics from BwdConsumer.
 #pragma once
 
+#include "cuda/common/dropout.cuh"
 #include "cuda/sm90/bwd_load.cuh"
+#include "cuda/sm90/mechanisms.hpp"
 
 namespace flashattn::cuda::sm90 {
+
+// What one compiled backward kernel handles beyond the plain case, as named options (mechanisms.hpp's tags):
+// BwdVariant<> is the plain kernel; variant::Dropout regenerates the forward's dropout mask.
+template <class... Options>
+struct BwdVariant {
+  static constexpr bool kDropout = (false || ... || std::is_same_v<Options, variant::Dropout>);
+};
+template <bool kDropout>
+using BwdVariantOf = BwdVariant<std::conditional_t<kDropout, variant::Dropout, void>>;
+
+// The dropout mask of one step's S^T fragment (keys as rows, core/dropout.hpp), one bit per probability. With the
+// mask the forward applied, dV += (P m)^T dO / (1 - p) (the factor once, on the accumulator: scale_dropout_dv) and
+// dS = P (dP m / (1 - p) - D), where D = rowsum(dO O) already holds the mask. The mainloops draw a step's mask during
+// the previous step's dQ GEMM: beside the step's own S^T, dP^T and dK/dV accumulators ptxas sm_90a spilled 112-208
+// bytes at d128.
+template <int kRows, int kCols>
+struct BwdDropoutMask : KeepBits<kRows, kCols> {
+  using KeepBits<kRows, kCols>::kept;
+  template <class C>
+  __device__ void draw(const BwdParams& p, const C& cS_rc, int64_t bh, int n0, int m0, int lane) {
+    this->clear();
+    dropout_key_rows(p.dropout, cS_rc, bh, n0, m0, lane, [&](int r, int c, bool k) { this->set(r, c, k); });
+  }
+  // P with the dropped probabilities zeroed, rounded to Element (the A operand of dV): the fragment `acc` of fp32 P,
+  // converted element by element (a rounded pair at a time would keep a whole fp32 copy live beside P, which dS
+  // still reads: ptxas spilled at d128).
+  template <class Element, class Acc>
+  __device__ auto kept_probs(const Acc& acc) const {
+    Tensor out = make_tensor<Element>(acc.layout());
+    Tensor in_rc = make_tensor(acc.data(), rows_cols(acc.layout()));
+    Tensor out_rc = make_tensor(out.data(), rows_cols(out.layout()));
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) out_rc(r, c) = Element(kept(r, c) ? in_rc(r, c) : 0.f);
+    }
+    return out;
+  }
+  // The same from P already rounded (16-bit elements): the fp32 P then need not stay live beside its copies.
+  template <class R>
+  __device__ R kept_rounded(const R& rp) const {
+    R out;
+    Tensor in_rc = make_tensor(rp.data(), rows_cols(rp.layout()));
+    Tensor out_rc = make_tensor(out.data(), rows_cols(out.layout()));
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) out_rc(r, c) = kept(r, c) ? in_rc(r, c) : typename R::value_type(0.f);
+    }
+    return out;
+  }
+  // dP m / (1 - p) of one probability.
+  __device__ float dp(const BwdParams& p, int r, int c, float dp_rc) const {
+    return kept(r, c) ? dp_rc * p.dropout.keep_scale : 0.f;
+  }
+};
+// dV's 1 / (1 - p), once on the accumulator after the last step.
+template <class Acc>
+__device__ void scale_dropout_dv(const BwdParams& p, Acc& acc_dv) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= p.dropout.keep_scale;
+}
 
 // What both mainloops share: the consumer's pipeline states, the zeroed tails of the shared tiles, and the query
 // rows' LSE and D.
@@ -130,9 +194,10 @@ struct BwdConsumer {
   }
 };
 
-template <class Traits, class Mask>
+template <class Traits, class Mask, class Opts>
 struct BwdMainloop : BwdConsumer<Traits, Mask> {
   using Base = BwdConsumer<Traits, Mask>;
+  static constexpr bool kDropout = Opts::kDropout;
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kWgThreads, Base::kConsumerThreads;
   using Base::ss, Base::pipe_q, Base::pipe_do, Base::ctid, Base::wg, Base::tid, Base::q_read, Base::do_read;
   using typename Base::AccKV;
@@ -183,6 +248,10 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
     const typename Base::RowStats stats = Base::row_stats(p, blk);
     this->store_stat(this->load_stat(p, stats, blk.m_lo), 0);
     this->kv_tails(p, blk);
+    const int64_t bh = int64_t(blk.batch) * p.heads_q + blk.head;  // the dropout mask's key
+    const int lane = ctid % cutlass::NumThreadsPerWarp;
+    [[maybe_unused]] BwdDropoutMask<kRows, kCols> drop;  // this step's; the next one's is drawn during dQ
+    if constexpr (kDropout) drop.draw(p, cS_rc, bh, n0, blk.m_lo * kBlockM, lane);
 
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       const int m0 = m * kBlockM;
@@ -225,10 +294,23 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
         for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_c);
       }
       if (edge) Base::mask_probs(s, cS_rc, blk, m0);
-      // dV += P^T.dO runs on the tensor cores while dS is formed.
+      // dV += P^T.dO runs on the tensor cores while dS is formed (with dropout its operand is the kept P; rP, the
+      // whole P rounded, then only serves dS where kDsFromRoundedP).
       Tensor rP = convert_fragment<Element>(tSrS);
-      Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
-      wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
+      if constexpr (kDropout) {
+        // (kDsFromRoundedP: from the rounded P, which dS reads, so that the fp32 one dies here.)
+        Tensor rPk = [&] {
+          if constexpr (Traits::kDsFromRoundedP)
+            return drop.kept_rounded(rP);
+          else
+            return drop.template kept_probs<Element>(tSrS);
+        }();
+        Tensor tdVrP = make_tensor(rPk.data(), acc_as_a_operand(rPk.layout()));
+        wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
+      } else {
+        Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
+        wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
+      }
       warpgroup_wait<1>();  // dP^T is ready
       // With 128 query rows (d64) the fp32 P would stay live beside dP, its bf16 copy and dK/dV (ptxas spilled):
       // dS takes the rounded P there, which dV uses too.
@@ -239,7 +321,8 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const float prob = Traits::kDsFromRoundedP ? float(p_rounded(r, c)) : s(r, c);
-          dp(r, c) = prob * (dp(r, c) - d_c);
+          const float dp_kept = kDropout ? drop.dp(p, r, c, dp(r, c)) : dp(r, c);
+          dp(r, c) = prob * (dp_kept - d_c);
         }
       }
       Tensor rdS = convert_fragment<Element>(tdPrdP);
@@ -255,6 +338,8 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
+      if constexpr (kDropout)
+        if (has_next) drop.draw(p, cS_rc, bh, n0, m0 + kBlockM, lane);
       warpgroup_wait<0>();
       this->release_step();
 

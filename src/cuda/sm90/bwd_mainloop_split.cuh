@@ -24,9 +24,10 @@ __device__ __forceinline__ void red_add_f32x4(float* gmem, float a, float b, flo
                : "memory");
 }
 
-template <class Traits, class Mask>
+template <class Traits, class Mask, class Opts>
 struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
   using Base = BwdConsumer<Traits, Mask>;
+  static constexpr bool kDropout = Opts::kDropout;
   using Base::Base;
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kWgThreads, Base::kConsumerThreads;
   using Base::ss, Base::pipe_q, Base::pipe_do, Base::ctid, Base::wg, Base::tid, Base::q_read, Base::do_read;
@@ -77,6 +78,10 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
     const typename Base::RowStats stats = Base::row_stats(p, blk);
     this->store_stat(this->load_stat(p, stats, blk.m_lo), 0);
     this->kv_tails(p, blk);
+    const int64_t bh = int64_t(blk.batch) * p.heads_q + blk.head;  // the dropout mask's key
+    const int lane = ctid % cutlass::NumThreadsPerWarp;
+    [[maybe_unused]] BwdDropoutMask<kRows, kCols> drop;  // as in BwdMainloop: the next step's drawn during dQ
+    if constexpr (kDropout) drop.draw(p, cS_rc, bh, n0, blk.m_lo * kBlockM, lane);
     float* dq_tiles = dq_workspace_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM) + wg * Traits::kDqWgFloats;
 
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
@@ -113,13 +118,19 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
         for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_cols[c]);
       }
       if (edge) Base::mask_probs(s, cS_rc, blk, m0);  // as in BwdMainloop
-      Tensor rP = convert_fragment<Element>(tSrS);
-      cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
+      if constexpr (kDropout) {
+        Tensor rP = drop.template kept_probs<Element>(tSrS);
+        cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
+      } else {
+        Tensor rP = convert_fragment<Element>(tSrS);
+        cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
+      }
       warpgroup_wait<0>();  // dP^T is ready
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
         CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) dp(r, c) = s(r, c) * (dp(r, c) - dsum_cols[c]);
+        for (int r = 0; r < kRows; ++r)
+          dp(r, c) = s(r, c) * ((kDropout ? drop.dp(p, r, c, dp(r, c)) : dp(r, c)) - dsum_cols[c]);
       }
       Tensor rdS = convert_fragment<Element>(tdPrdP);
       cute::copy(copy_c, copy_c_thr.retile_S(rdS), tdSsdS(_, _, _, buf));
@@ -133,6 +144,8 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
       wgmma_gemm<false>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQ(_, _, _, q_stage), acc_dk);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
+      if constexpr (kDropout)
+        if (has_next) drop.draw(p, cS_rc, bh, n0, m0 + kBlockM, lane);
       warpgroup_wait<0>();
       this->release_step();
 

@@ -11,11 +11,49 @@
 
 namespace flashattn::cuda::sm90 {
 
-// The probability slot: runs on each tile of exponentiated scores (rows_cols view, unnormalised P in fp32)
-// before it becomes the A operand of P.V. The default is empty; dropout is its first policy to come.
+// The probability slot: apply runs on each tile of exponentiated scores (rows_cols view, unnormalised P in fp32,
+// after the row sums took them) before it becomes the A operand of P.V, draw ahead of it (at the top of the key
+// block's step, where neither this block's scores nor the previous block's are live), and scale_output on the tile's
+// normalised O. NoProbMod is empty; DropoutProbs (variant::Dropout) zeroes the dropped probabilities.
 struct NoProbMod {
-  template <class S, class C>
-  __device__ void apply(S&, const C&, int /*m0*/, int /*n0*/) const {}
+  __device__ NoProbMod(const FwdParams&, int /*batch*/, int /*head*/) {}
+  template <class C>
+  __device__ void draw(const C&, int /*m0*/, int /*n0*/) {}
+  template <class S>
+  __device__ void apply(S&) const {}
+  template <class O>
+  __device__ static void scale_output(const FwdParams&, O&) {}
+};
+
+// Dropout (core/dropout.hpp): a wgmma fragment holds whole groups of the mask rule, so one Philox call serves eight
+// probabilities. The mask is drawn into bits at the top of the block's step: drawn beside the live scores, ptxas
+// sm_90a spilled at d64 (three warpgroups of 160 registers). The kept probabilities keep their value and O is
+// scaled by 1 / (1 - p) once, after normalisation.
+template <int kRows, int kCols>
+struct DropoutProbs {
+  const detail::DropoutRule& rule;
+  int64_t bh;  // batch entry * heads_q + query head: the rule's key
+  KeepBits<kRows, kCols> keep;
+  __device__ DropoutProbs(const FwdParams& p, int batch, int head)
+      : rule(p.dropout), bh(int64_t(batch) * p.heads_q + head) {}
+  template <class C>
+  __device__ void draw(const C& coords, int m0, int n0) {
+    keep.clear();
+    dropout_query_rows<true>(rule, coords, bh, m0, n0, [&](int r, int c, bool kept) { keep.set(r, c, kept); });
+  }
+  template <class S>
+  __device__ void apply(S& s) const {
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) s(r, c) = keep.kept(r, c) ? s(r, c) : 0.f;
+    }
+  }
+  template <class O>
+  __device__ static void scale_output(const FwdParams& p, O& o) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(o); ++i) o(i) *= p.dropout.keep_scale;
+  }
 };
 
 // Ping-pong between the consumer warpgroups: warpgroup w issues its GEMMs after warpgroup w-1 did (cyclically);
@@ -57,10 +95,11 @@ __device__ void apply_mask_packed(const Mask& mask, S& s, const C& coords, int m
   }
 }
 
-// Opts: a FwdVariant (score mods, packed GQA); ProbMod: the probability slot's policy.
-template <class Traits, class Opts, class ProbMod = NoProbMod>
+// Opts: a FwdVariant (score mods, packed GQA, dropout: the probability slot's policy).
+template <class Traits, class Opts>
 struct FwdMainloop {
   static constexpr bool kScoreMods = Opts::kScoreMods, kPackGQA = Opts::kPackGQA;
+  static_assert(!(Opts::kDropout && Opts::kPackGQA), "the dropout mask is keyed by one query head per tile");
   using Element = typename Traits::Element;
   using Mech = typename Traits::Mech;
   using Pipeline = typename Traits::Pipeline;
@@ -76,6 +115,10 @@ struct FwdMainloop {
   }
   static constexpr int kRowsPerThread = decltype(size<0>(rows_cols(typename AccO::layout_type{})))::value;
   using Softmax = OnlineSoftmax<kRowsPerThread>;
+  // The probability slot's policy, sized by the score fragment ((rows, cols) per thread).
+  using AccS = decltype(partition_fragment_C(typename Traits::TiledMmaQK{}, Shape<Int<kWgRows>, Int<kBlockN>>{}));
+  static constexpr int kScoreCols = decltype(size<1>(rows_cols(typename AccS::layout_type{})))::value;
+  using ProbMod = std::conditional_t<Opts::kDropout, DropoutProbs<kRowsPerThread, kScoreCols>, NoProbMod>;
 
   typename Traits::SharedStorage& ss;
   Pipeline& pipe_k;
@@ -111,7 +154,7 @@ struct FwdMainloop {
     const int m0_wg = tile.m0 + wg * kWgRows;  // this warpgroup's first tile row
     const bool varlen = p.cu_seqlens_q != nullptr;
     const ScoreMods mods(p, tile.seq, tile.t.batch, tile.t.head, qk);  // ALiBi never runs packed (slope per head)
-    const ProbMod prob_mod{};
+    ProbMod prob_mod(p, tile.t.batch, tile.t.head);
 
     if constexpr (kPackGQA) FwdLoad<Traits, Opts>::gather_q_packed(p, tile, sQw, wg, tid);
 
@@ -131,7 +174,7 @@ struct FwdMainloop {
         apply_mask(tile.mask, s, cS_rc, m0_wg, n0);
       }
       const bool rescale = softmax.template exponentiate<decltype(is_first)::value>(s, scale_log2, correction);
-      prob_mod.apply(s, cS_rc, m0_wg, n0);
+      prob_mod.apply(s);
       return rescale;
     };
 
@@ -188,6 +231,7 @@ struct FwdMainloop {
     if constexpr (Mech::kIntraWgOverlap) {
       int n = range.hi - 1;
       {
+        prob_mod.draw(cS_rc, m0_wg, n * kBlockN);
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         qk_alone(tSrS);
         softmax_step(tSrS, n, cute::true_type{}, correction);
@@ -195,6 +239,7 @@ struct FwdMainloop {
         if (zero_v_tail) zero_v_tail_rows();
       }
       for (--n; n >= range.lo; --n) {
+        prob_mod.draw(cS_rc, m0_wg, n * kBlockN);  // S(n + 1) is P(n + 1) already, S(n) not yet issued
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         pipe_k.consumer_wait(k_read);
         pingpong.wait();
@@ -215,6 +260,7 @@ struct FwdMainloop {
       pv_alone();
     } else {
       for (int n = range.hi - 1; n >= range.lo; --n) {
+        prob_mod.draw(cS_rc, m0_wg, n * kBlockN);
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         qk_alone(tSrS);
         const bool rescale = n == range.hi - 1 ? softmax_step(tSrS, n, cute::true_type{}, correction)

@@ -10,12 +10,12 @@ namespace flashattn::cuda::sm90 {
 
 using cuda::FwdParams;
 
-// One compiled forward kernel (dtype x head dim x score modifiers x mechanisms); defined in the generated
+// One compiled forward kernel (dtype x head dim x score modifiers x dropout x mechanisms); defined in the generated
 // sm90_fwd_*.cu units. `Mech` is a Mechanisms<...> list (fwd_kernel.cuh); the default set uses Mechanisms<>.
-template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
+template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
 cudaError_t launch_fwd(const FwdParams& params, const FwdPlan& plan, int* workspace, cudaStream_t stream);
 // Attributes of that kernel; fails when the build holds no code this device can run.
-template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, class Mech>
+template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes);
 // Split-KV: merges the partials of a launch with params.num_splits > 1 into out and lse (split_combine.cu).
 cudaError_t launch_split_combine(const FwdParams& params, fa_dtype dtype, cudaStream_t stream);

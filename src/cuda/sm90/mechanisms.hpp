@@ -36,16 +36,25 @@ struct Mechanisms {
 };
 
 // What one compiled forward kernel handles beyond the plain case, as named options: FwdVariant<> is the plain
-// kernel. Each combination is its own instantiation.
+// kernel. Each combination is its own instantiation (FwdVariantOf below names them from the table's flags).
 namespace variant {
 struct ScoreMods {};  // softcap and/or ALiBi (their registers would crowd the plain kernel)
 struct PackGQA {};    // the query heads of a KV group share a tile (short query sequences, fwd_tile.cuh)
+struct Dropout {};    // dropout_p > 0: the mainloop's probability slot draws the mask (fwd_mainloop.cuh DropoutProbs)
 }  // namespace variant
 
 template <class... Options>
 struct FwdVariant {
   static constexpr bool kScoreMods = (false || ... || std::is_same_v<Options, variant::ScoreMods>);
   static constexpr bool kPackGQA = (false || ... || std::is_same_v<Options, variant::PackGQA>);
+  static constexpr bool kDropout = (false || ... || std::is_same_v<Options, variant::Dropout>);
 };
+
+// The variant of one kernel table entry (CMake generates the flags) with the plan's packing; an option that is off is
+// void, which matches none. Packed tiles never take dropout (plan.cpp: the mask is keyed by query head and position).
+template <bool kScoreMods, bool kDropout, bool kPackGQA>
+using FwdVariantOf = FwdVariant<std::conditional_t<kScoreMods, variant::ScoreMods, void>,
+                                std::conditional_t<kDropout, variant::Dropout, void>,
+                                std::conditional_t<kPackGQA, variant::PackGQA, void>>;
 
 }  // namespace flashattn::cuda::sm90
