@@ -25,12 +25,29 @@ struct PhiloxWords {
   uint32_t w[4];
 };
 
+// The 32 x 32 -> 64-bit product as (high, low) words. On the device in 32-bit instructions: written with uint64_t,
+// NVVM kept the rounds in 64-bit shifts, masks and multiplies (mul.lo.s64), several times the instructions.
+FA_HOST_DEVICE void mul_wide(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+#if defined(__CUDA_ARCH__)
+  hi = __umulhi(a, b);
+  lo = a * b;
+#else
+  const uint64_t p = uint64_t(a) * b;
+  hi = uint32_t(p >> 32);
+  lo = uint32_t(p);
+#endif
+}
+
 // Philox4x32 with 10 rounds (Salmon et al., SC'11; the generator of cuRAND and of torch's CUDA dropout).
 FA_HOST_DEVICE PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u, kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
   for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(kMul0) * c0, p1 = uint64_t(kMul1) * c2;
-    const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0), hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
+    uint32_t hi0, lo0, hi1, lo1;
+    mul_wide(kMul0, c0, hi0, lo0);
+    mul_wide(kMul1, c2, hi1, lo1);
     const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
     c0 = n0, c1 = lo1, c2 = n2, c3 = lo0;
     k0 += kWeyl0, k1 += kWeyl1;
