@@ -157,8 +157,8 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   const sm90::FwdTiles windowed_tiles = sm90::fwd_tiles(instance.head_dim, true);
   // Not for FP8 yet: its packed Q gather is not written.
   // Not with dropout either: its mask is keyed by one query head per tile.
-  f.pack_gqa = p.group() > 1 && p.seqlen_q < windowed_tiles.block_q() && p.alibi == nullptr && !p.fp8() &&
-               !p.dropout.on;
+  f.pack_gqa =
+      p.group() > 1 && p.seqlen_q < windowed_tiles.block_q() && p.alibi == nullptr && !p.fp8() && !p.dropout.on;
   const sm90::FwdTiles t = sm90::fwd_tiles(instance.head_dim, f.windowed || f.pack_gqa || p.dropout.on, p.fp8());
   f.block_q = t.block_q();
   f.block_k = t.block_k;

@@ -13,7 +13,7 @@
 
 namespace flashattn::cuda::sm90 {
 
-#define FA_SM90_FWD(dtype, hdim, mods, dropout)                                                                  \
+#define FA_SM90_FWD(dtype, hdim, mods, dropout)                                                                      \
   extern template cudaError_t launch_fwd<dtype, hdim, mods, dropout, Mechanisms<>>(const FwdParams&, const FwdPlan&, \
                                                                                    int*, cudaStream_t);              \
   extern template cudaError_t fwd_attributes<dtype, hdim, mods, dropout, Mechanisms<>>(cudaFuncAttributes*);
@@ -25,9 +25,9 @@ namespace flashattn::cuda::sm90 {
 #include "sm90_bwd_kernels.inc"
 #undef FA_SM90_BWD
 
-#define FA_SM90_ABLATION(name, ...)                                                                     \
-  extern template cudaError_t launch_fwd<FA_BFLOAT16, 128, false, false, __VA_ARGS__>(const FwdParams&, \
-                                                                                      const FwdPlan&, int*, cudaStream_t);
+#define FA_SM90_ABLATION(name, ...)                                                    \
+  extern template cudaError_t launch_fwd<FA_BFLOAT16, 128, false, false, __VA_ARGS__>( \
+      const FwdParams&, const FwdPlan&, int*, cudaStream_t);
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
 
@@ -71,8 +71,12 @@ struct FwdKernel {
 };
 
 constexpr FwdKernel kFwdKernels[] = {
-#define FA_SM90_FWD(dtype, hdim, mods, dropout)                                 \
-  {dtype, hdim, mods, dropout, &launch_fwd<dtype, hdim, mods, dropout, Mechanisms<>>, \
+#define FA_SM90_FWD(dtype, hdim, mods, dropout)           \
+  {dtype,                                                 \
+   hdim,                                                  \
+   mods,                                                  \
+   dropout,                                               \
+   &launch_fwd<dtype, hdim, mods, dropout, Mechanisms<>>, \
    &fwd_attributes<dtype, hdim, mods, dropout, Mechanisms<>>},
 #include "sm90_fwd_kernels.inc"
 #undef FA_SM90_FWD
@@ -97,8 +101,7 @@ Instance find_bwd(fa_dtype dtype, int64_t need, bool dropout) {
   Instance best;
   for (size_t i = 0; kBwdKernels[i].launch != nullptr; ++i) {
     const BwdKernel& k = kBwdKernels[i];
-    if (k.dtype == dtype && k.dropout == dropout && k.head_dim >= need &&
-        (!best.found() || k.head_dim < best.head_dim))
+    if (k.dtype == dtype && k.dropout == dropout && k.head_dim >= need && (!best.found() || k.head_dim < best.head_dim))
       best = {int(i), k.head_dim};
   }
   return best;

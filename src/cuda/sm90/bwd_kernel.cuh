@@ -22,8 +22,8 @@ namespace flashattn::cuda::sm90 {
 template <class Traits, class Mask, class Opts>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelParams<Traits> kp) {
   using Pipeline = typename Traits::Pipeline;
-  using Mainloop = std::conditional_t<Traits::kSplitHeadDim, BwdMainloopSplit<Traits, Mask, Opts>,
-                                      BwdMainloop<Traits, Mask, Opts>>;
+  using Mainloop =
+      std::conditional_t<Traits::kSplitHeadDim, BwdMainloopSplit<Traits, Mask, Opts>, BwdMainloop<Traits, Mask, Opts>>;
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
   const BwdParams& p = kp.p;

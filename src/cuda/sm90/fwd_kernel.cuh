@@ -21,8 +21,9 @@ namespace flashattn::cuda::sm90 {
 
 // Opts (a FwdVariant, mechanisms.hpp): variant::ScoreMods, softcap and/or ALiBi present (their own instantiation
 // keeps the plain kernel's registers free); variant::Dropout, the mainloop's probability slot draws the dropout
-// mask; variant::PackGQA, GQA query-head packing for query sequences shorter than a tile (fwd_tile.cuh). Its own instantiation: the row gathers and per-row addresses cost registers the
-// plain kernels do not have to spare (d64 and 176-key d128 spilled with packing decided at run time).
+// mask; variant::PackGQA, GQA query-head packing for query sequences shorter than a tile (fwd_tile.cuh). Its own
+// instantiation: the row gathers and per-row addresses cost registers the plain kernels do not have to spare (d64 and
+// 176-key d128 spilled with packing decided at run time).
 template <class Traits, class Opts>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> kp) {
   using Pipeline = typename Traits::Pipeline;

@@ -123,7 +123,7 @@ cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cu
   // Dropout takes the windowed entry whatever the mask (tiles.hpp).
   constexpr FwdTiles kWindowedTiles = fwd_tiles(kHeadDim, true, kFp8), kPlainTiles = fwd_tiles(kHeadDim, false, kFp8);
   if constexpr (!kDropout && (kWindowedTiles.block_k != kPlainTiles.block_k ||
-                kWindowedTiles.consumer_warpgroups != kPlainTiles.consumer_warpgroups ||
+                              kWindowedTiles.consumer_warpgroups != kPlainTiles.consumer_warpgroups ||
                               kWindowedTiles.stages != kPlainTiles.stages)) {
     if (!plan.windowed)
       return launch_kernel<FwdTraits<Element, kHeadDim, false, Mech>, Unpacked>(p, plan, counter, stream);
@@ -133,8 +133,9 @@ cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cu
 
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
-  return cudaFuncGetAttributes(attributes, &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, true, Mech>,
-                                                       FwdVariantOf<kScoreMods, kDropout, false>>);
+  return cudaFuncGetAttributes(attributes,
+                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, true, Mech>,
+                                           FwdVariantOf<kScoreMods, kDropout, false>>);
 }
 
 }  // namespace flashattn::cuda::sm90
