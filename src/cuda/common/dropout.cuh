@@ -12,8 +12,9 @@ namespace flashattn::cuda {
 // Fragments with queries as rows (mma.sync m16n8k16 and wgmma accumulators): rows r, r + 1 of the view are queries
 // i, i + 8 (i % 16 < 8) and columns c, c + 1 keys j, j + 1 (j even). kPairedAtoms: columns c + 2, c + 3 are keys
 // j + 8, j + 9 as well (wgmma, whose n8 groups are consecutive columns of one thread), so one call serves the whole
-// group of eight; otherwise (the sm80 backward's warp grids spread a 16-key block over two warps) one call serves
-// the four elements of a quad. bh = batch entry * heads_q + query head; m0 / n0: the fragment's first query / key.
+// group of eight; otherwise one call serves the four elements of a quad (the sm80 kernels: their warp grids with
+// warps along the keys may spread a 16-key block over two warps; not measured). bh = batch entry * heads_q + query
+// head; m0 / n0: the fragment's first query / key.
 template <bool kPairedAtoms, class C, class Keep>
 __device__ __forceinline__ void dropout_query_rows(const detail::DropoutRule& d, const C& coords, int64_t bh, int m0,
                                                    int n0, Keep&& keep) {

@@ -31,8 +31,9 @@ struct FwdTiles {
 //   d256: 2 x 80 keys: 128 O + 2 x 40 S + 20 P; 80 is the largest multiple of 16 whose two K/V stages fit
 //         next to the 64 KiB Q tile (64 + 2 * 2 * 80 * 256 * 2 B = 224 KiB of 227 KiB).
 // Two stages everywhere: one stage was 1-3% slower at d128, three no faster (the ablation table).
-// Dropout (variant::Dropout) takes the windowed entry under every mask: with the mask's Philox state beside the
-// scores, ptxas sm_90a spilled 92 bytes at d128 x 176 keys and 20 at 128.
+// Dropout (variant::Dropout) takes the windowed entry under every mask: with the mask drawn beside the scores (its
+// first version) ptxas sm_90a spilled 92 bytes at d128 x 176 keys and 20 at 128; the kernel as built, 4 at 128 keys
+// (176 was not measured again).
 // FP8 (e4m3 inputs): the P.V wgmma takes 32 keys per step, so block_k is a multiple of 32; the probabilities are 8-bit
 // (a quarter of the registers of S), and a K/V stage takes half the bytes of a 16-bit one. d128 without a window:
 // 192 keys (888-893 TFLOP/s at 16k against 864 for 128, bench/results/2026-12-02_h200_session13; 256 made ptxas
