@@ -701,6 +701,16 @@ TEST(Sm80Validation, TileShapeReported) {
   }
 }
 
+// Runs the call on cuda-sm90 and reads the tile shape reported for it; false where this device or build has no sm90
+// kernels (fa_last_error says why).
+bool sm90_tile_shape(SmallCall& call, int* bq, int* bk) {
+  fa_exec exec = fa_exec_default();
+  exec.backend = FA_BACKEND_CUDA_SM90;
+  if (fa_forward(&call.p, &exec) == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(fa_last_error())) return false;
+  fa_forward_tile_shape(&call.p, &exec, bq, bk);
+  return true;
+}
+
 // The sm90 dropout kernels take the windowed tile table entry under every mask (tiles.hpp): what the plan reports.
 TEST(ForwardDropout, Sm90TileShapeReported) {
   SKIP_WITHOUT_GPU();
@@ -709,12 +719,8 @@ TEST(ForwardDropout, Sm90TileShapeReported) {
   for (fa_tensor* t : {&call.p.attn.q, &call.p.attn.k, &call.p.attn.v, &call.p.out})
     *t = fa_make_tensor(t->data, FA_BFLOAT16, FA_DEVICE_CUDA, 4, d128);
   call.p.attn.dropout_p = 0.1f;
-  fa_exec exec = fa_exec_default();
-  exec.backend = FA_BACKEND_CUDA_SM90;
-  if (fa_forward(&call.p, &exec) == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(fa_last_error()))
-    GTEST_SKIP() << fa_last_error();
   int bq = 0, bk = 0;
-  fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
+  if (!sm90_tile_shape(call, &bq, &bk)) GTEST_SKIP() << fa_last_error();
   constexpr flashattn::cuda::sm90::FwdTiles kD128 = flashattn::cuda::sm90::fwd_tiles(128, true);
   static_assert(kD128.block_k != flashattn::cuda::sm90::fwd_tiles(128, false).block_k);
   EXPECT_EQ(bq, kD128.block_q());
@@ -724,12 +730,8 @@ TEST(ForwardDropout, Sm90TileShapeReported) {
 TEST(Sm80Validation, Sm90TileShapeReported) {
   SKIP_WITHOUT_GPU();
   SmallCall call;
-  fa_exec exec = fa_exec_default();
-  exec.backend = FA_BACKEND_CUDA_SM90;
-  if (fa_forward(&call.p, &exec) == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(fa_last_error()))
-    GTEST_SKIP() << fa_last_error();
   int bq = 0, bk = 0;
-  fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
+  if (!sm90_tile_shape(call, &bq, &bk)) GTEST_SKIP() << fa_last_error();
   constexpr flashattn::cuda::sm90::FwdTiles kD64 = flashattn::cuda::sm90::fwd_tiles(64, false);
   EXPECT_EQ(bq, kD64.block_q());
   EXPECT_EQ(bk, kD64.block_k);
