@@ -37,6 +37,7 @@ void poison(std::vector<uint8_t>* buf, size_t bytes) { buf->assign(bytes, 0xff);
 
 Problem::Problem(const Case& c_) : c(c_) {
   std::mt19937_64 rng(c.seed);
+  if (c.dropout_rng) dropout_rng = {c.dropout_seed, c.dropout_offset};
   if (c.varlen()) {
     cu_q.push_back(0);
     cu_k.push_back(0);
@@ -148,6 +149,10 @@ FwdParams Problem::fwd() const {
   a.dropout_p = c.dropout_p;
   a.dropout_seed = c.dropout_seed;
   a.dropout_offset = c.dropout_offset;
+  if (c.dropout_rng) {
+    a.dropout_rng = make_tensor(const_cast<uint64_t*>(dropout_rng.data()), FA_INT64, {2});
+    a.dropout_seed = a.dropout_offset = 0;
+  }
   if (c.dtype == FA_FLOAT8_E4M3 && c.descale != Case::Descale::kNone) {
     const int64_t q_heads = c.descale == Case::Descale::kQueryHeads ? c.hq : c.hkv;
     a.q_descale = make_tensor(const_cast<float*>(q_descale.data()), FA_FLOAT32, {sequences(), q_heads});

@@ -40,6 +40,7 @@ class Problem {
   std::vector<float> lse, alibi, sinks, dsinks;
   std::vector<float> q_descale, k_descale, v_descale;  // FP8 factors (Case::descale)
   std::vector<int32_t> cu_q, cu_k, used_k;
+  std::vector<uint64_t> dropout_rng;  // (seed, offset) when c.dropout_rng
   int64_t total_q = 0, total_k = 0, max_q = 0, max_k = 0;
 
  private:

@@ -45,6 +45,7 @@ struct Case {
   bool sinks = false;  // learnable sink logits, one per query head (and their gradient in the backward)
   float dropout_p = 0.f;
   uint64_t dropout_seed = 42, dropout_offset = 0;
+  bool dropout_rng = false;  // seed and offset passed as attn.dropout_rng, an int64 tensor on the call's device
   // FP8 (dtype FA_FLOAT8_E4M3): the dequantisation factors given, none, per KV head (q_descale (B, Hkv), as
   // FlashAttention-3) or with q_descale per query head (B, Hq).
   enum class Descale { kNone, kKvHeads, kQueryHeads } descale = Descale::kKvHeads;
@@ -88,7 +89,7 @@ inline std::string Case::label() const {
   if (softcap > 0) s << " softcap" << softcap;
   if (alibi != Alibi::kNone) s << (alibi == Alibi::kBatch ? " alibi(B,Hq)" : " alibi");
   if (sinks) s << " sinks";
-  if (dropout_p > 0.f) s << " dropout " << dropout_p;
+  if (dropout_p > 0.f) s << " dropout " << dropout_p << (dropout_rng ? " (rng tensor)" : "");
   if (dtype == FA_FLOAT8_E4M3)
     s << (descale == Descale::kNone ? " no-descale" : descale == Descale::kQueryHeads ? " q-descale(B,Hq)" : "");
   if (!seqused_k.empty()) s << (nan_past_used ? " seqused(NaN tail)" : " seqused");

@@ -165,6 +165,34 @@ TEST(CpuBackward, DropoutMaskStatistics) {
   EXPECT_GT(same_b, 400);
 }
 
+// attn.dropout_rng (seed and offset in an int64 tensor) draws the mask of the same two integers: the reference
+// agrees, and the outputs and gradients equal those of the integers bit for bit.
+TEST(CpuBackward, DropoutRngTensor) {
+  Case c = with_lengths(37, 70);
+  c.dropout_p = 0.3f;
+  c.causal = true;
+  c.hq = 4;
+  c.hkv = 2;
+  c.dropout_seed = 0x123456789abcdefull, c.dropout_offset = (uint64_t(3) << 40) + 77;
+  Case t = c;
+  t.dropout_rng = true;
+  expect_backward_matches(t);
+  Problem a(c), b(t);
+  ASSERT_TRUE(a.run_forward().ok());
+  ASSERT_TRUE(b.run_forward().ok());
+  ASSERT_TRUE(a.run_backward().ok());
+  ASSERT_TRUE(b.run_backward().ok());
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.dq, b.dq);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+  Case other = t;
+  other.dropout_offset += 1;
+  Problem o(other);
+  ASSERT_TRUE(o.run_forward().ok());
+  EXPECT_NE(o.out, b.out) << "another offset draws another mask";
+}
+
 TEST(CpuBackward, VarlenSequsedStrides) {
   Case c;
   c.lens_q = {177, 3, 1, 40};

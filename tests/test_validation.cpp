@@ -133,6 +133,34 @@ TEST(Validation, ScalarAndMaskRules) {
   for (const Rule& r : rules) expect_rule(base(), r);
 }
 
+// attn.dropout_rng: (seed, offset) as an int64 (2) tensor on q's device, in place of the two integers.
+TEST(Validation, DropoutRngRules) {
+  static uint64_t words[4] = {7, 9};
+  static int32_t ints[4] = {0};
+  // A hand-aligned case table: one case or rule per line.
+  // clang-format off
+  const std::vector<Rule> rules = {
+      {"rng dtype", [](FwdParams& p) { p.attn.dropout_rng = make_tensor(ints, FA_INT32, {2}); },
+       FA_ERROR_INVALID_ARGUMENT, "dropout_rng: dtype must be int64"},
+      {"rng shape", [](FwdParams& p) { p.attn.dropout_rng = make_tensor(words, FA_INT64, {3}); },
+       FA_ERROR_INVALID_ARGUMENT, "dropout_rng: shape must be (2)"},
+      {"rng rank", [](FwdParams& p) { p.attn.dropout_rng = make_tensor(words, FA_INT64, {1, 2}); },
+       FA_ERROR_INVALID_ARGUMENT, "dropout_rng: must have 1 dimensions"},
+      {"rng and seed", [](FwdParams& p) { p.attn.dropout_rng = make_tensor(words, FA_INT64, {2}); p.attn.dropout_seed = 3; },
+       FA_ERROR_INVALID_ARGUMENT, "dropout_rng: takes the place of dropout_seed and dropout_offset"},
+      {"rng and offset", [](FwdParams& p) { p.attn.dropout_rng = make_tensor(words, FA_INT64, {2}); p.attn.dropout_offset = 1; },
+       FA_ERROR_INVALID_ARGUMENT, "dropout_rng: takes the place of dropout_seed and dropout_offset"},
+      {"rng device", [](FwdParams& p) { p.attn.dropout_rng = make_tensor(words, FA_INT64, {2}); p.attn.dropout_rng.device = FA_DEVICE_CUDA; },
+       FA_ERROR_INVALID_ARGUMENT, "dropout_rng: must be on the same device as q"},
+      {"rng stride", [](FwdParams& p) { p.attn.dropout_rng = make_tensor(words, FA_INT64, {2}); p.attn.dropout_rng.stride[0] = 2; },
+       FA_ERROR_INVALID_ARGUMENT, "dropout_rng: last dimension must have unit stride"},
+  };
+  // clang-format on
+  Case c = base();
+  c.dropout_p = 0.2f;
+  for (const Rule& r : rules) expect_rule(c, r);
+}
+
 TEST(Validation, AlibiRules) {
   static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f};
   static int32_t ints[8] = {0};

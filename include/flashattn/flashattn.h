@@ -20,9 +20,12 @@
  * a row with no visible key then has out = 0 and lse = sink_h. The backward writes dsinks (optional):
  *   dsink_h = -sum_{b,i} e^{sink_h - lse_i} * <dout_i, out_i>.
  * Dropout (dropout_p > 0): out_i = sum_j P_ij m_ij / (1 - p) v_j with P the softmax above (lse unchanged) and
- * m_ij in {0, 1} a pure function of (dropout_seed, dropout_offset, b, h, i, j) (src/core/dropout.hpp): every
- * backend draws the same mask, and the backward regenerates it from the same seed and offset. The CPU backend
- * and cuda-sm80 (which FA_BACKEND_AUTO picks for it on every GPU; cuda-sm90 by name: FA_ERROR_UNSUPPORTED).
+ * m_ij in {0, 1} a pure function of (seed, offset, b, h, i, j) (src/core/dropout.hpp): every backend draws the
+ * same mask, and the backward regenerates it from the same seed and offset. (seed, offset) are attn.dropout_seed
+ * and attn.dropout_offset, or the two entries of attn.dropout_rng (int64, on q's device): CUDA calls read that
+ * tensor in the kernels, never on the host, so a captured CUDA graph draws a new mask whenever the caller refills
+ * it (as torch's generator does for its own dropout under capture). With dropout_rng, dropout_seed and
+ * dropout_offset must be 0.
  * A window side of at least the longest sequence (query or key) means the same as -1, so any int64 is safe.
  *
  * Paged K/V (attn.block_table, forward of batched calls): k (num_pages, page_size, Hkv, D) and v (num_pages,
@@ -66,7 +69,14 @@ extern "C" {
 
 /* FA_FLOAT8_E4M3: OCP e4m3fn (torch.float8_e4m3fn: 1 sign, 4 exponent, 3 mantissa bits, max 448, NaN 0x7f/0xff,
    no infinities), forward only: q, k, v stored in it, out bfloat16 (see FP8 below). */
-typedef enum fa_dtype { FA_FLOAT32 = 0, FA_FLOAT16 = 1, FA_BFLOAT16 = 2, FA_INT32 = 3, FA_FLOAT8_E4M3 = 4 } fa_dtype;
+typedef enum fa_dtype {
+  FA_FLOAT32 = 0,
+  FA_FLOAT16 = 1,
+  FA_BFLOAT16 = 2,
+  FA_INT32 = 3,
+  FA_FLOAT8_E4M3 = 4,
+  FA_INT64 = 5, /* attn.dropout_rng only */
+} fa_dtype;
 typedef enum fa_device { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device;
 
 /* A non-owning view. data == NULL marks an optional tensor as absent. */
@@ -116,6 +126,7 @@ typedef struct fa_attention {
   uint64_t dropout_seed, dropout_offset;     /* dropout: the mask is a function of (seed, offset, b, h, i, j) */
   fa_tensor block_table;                     /* optional int32 (B, max_pages): paged K/V (see Paged K/V below) */
   fa_tensor q_descale, k_descale, v_descale; /* FP8 only, optional float32: dequantisation factors (see FP8) */
+  fa_tensor dropout_rng; /* optional int64 (2): (seed, offset) of the dropout mask, read where it lives (see Dropout) */
 } fa_attention;
 
 /* How to run it. */

@@ -88,7 +88,7 @@ inline BwdParams make_bwd_params() {
 }
 
 inline std::size_t dtype_size(fa_dtype t) {
-  return t == FA_FLOAT8_E4M3 ? 1 : t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : 4;
+  return t == FA_FLOAT8_E4M3 ? 1 : t == FA_FLOAT16 || t == FA_BFLOAT16 ? 2 : t == FA_INT64 ? 8 : 4;
 }
 
 // The one name of each dtype (numpy's and torch's spelling), for messages and reports, in the library and its tools.
@@ -98,6 +98,7 @@ inline const char* dtype_name(fa_dtype t) {
     case FA_FLOAT16: return "float16";
     case FA_BFLOAT16: return "bfloat16";
     case FA_INT32: return "int32";
+    case FA_INT64: return "int64";
     case FA_FLOAT8_E4M3: return "float8_e4m3fn";
   }
   return "unknown";
@@ -110,6 +111,7 @@ inline const char* dtype_short_name(fa_dtype t) {
     case FA_FLOAT16: return "fp16";
     case FA_BFLOAT16: return "bf16";
     case FA_INT32: return "int32";
+    case FA_INT64: return "int64";
     case FA_FLOAT8_E4M3: return "fp8";
   }
   return "unknown";

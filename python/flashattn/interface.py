@@ -90,7 +90,7 @@ class AttnOptions(NamedTuple):
     dropout_p: float = 0.0
     deterministic: bool = False
     sinks: Optional[Tensor] = None
-    dropout_seed: int = 0
+    dropout_rng: Optional[Tensor] = None
 
 
 _OPTION_TYPES = typing.get_type_hints(AttnOptions)
@@ -104,7 +104,7 @@ def _attn_kwargs(o: AttnOptions) -> dict:
                 causal=o.causal, causal_alignment=ALIGN_TOP_LEFT if o.top_left else ALIGN_BOTTOM_RIGHT,
                 window_left=o.window_left, window_right=o.window_right, softcap=o.softcap,
                 alibi_slopes=_dl(o.alibi_slopes), dropout_p=o.dropout_p, sinks=_dl(o.sinks),
-                dropout_seed=o.dropout_seed)
+                dropout_rng=_dl(o.dropout_rng))
 
 
 def _fwd_shapes(q: Tensor, v: Tensor, o: AttnOptions):
@@ -245,12 +245,15 @@ def _pad_head_dim(t: Tensor) -> Tensor:
     return t if extra == 0 else torch.nn.functional.pad(t, (0, extra))
 
 
-def _dropout_seed(dropout_p) -> int:
-    # The mask is a function of (seed, offset = 0, b, h, i, j) (src/core/dropout.hpp); the seed comes from torch's
-    # default generator, so torch.manual_seed makes dropout reproducible. The backward reuses the forward's seed.
+def _dropout_rng(dropout_p, device: torch.device) -> Optional[Tensor]:
+    # The mask is a function of (seed, offset, b, h, i, j) (src/core/dropout.hpp). Both are drawn on q's device by
+    # torch's generator of that device, into a tensor the kernels read in place: torch.manual_seed makes dropout
+    # reproducible, a CUDA graph replay draws new ones (torch's RNG is capture-safe; a host integer would be
+    # baked into the graph, and every replay would drop the same probabilities), and torch.compile traces it
+    # without a graph break. The backward reuses the forward's tensor.
     if not dropout_p:
-        return 0
-    return int(torch.randint(0, 2 ** 62, (1,)).item())
+        return None
+    return torch.randint(0, 2 ** 62, (2,), dtype=torch.int64, device=device)
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
@@ -267,7 +270,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
                           top_left=top_left, window_left=left, window_right=right, softcap=float(softcap),
                           alibi_slopes=alibi_slopes, dropout_p=float(dropout_p), deterministic=bool(deterministic),
                           sinks=None if learnable_sink is None else learnable_sink.float().contiguous(),
-                          dropout_seed=_dropout_seed(dropout_p))
+                          dropout_rng=_dropout_rng(dropout_p, q.device))
     inputs = (q, k, v, *options)
     if torch.compiler.is_compiling():
         out, lse = _fwd(*inputs)

@@ -177,8 +177,8 @@ def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, s
 def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
             causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-            dropout_p=0.0, sinks=None, dropout_seed=0, dropout_offset=0, num_splits=0, backend="auto", num_threads=0,
-            stream=0, q_descale=None, k_descale=None, v_descale=None, fp8=False):
+            dropout_p=0.0, sinks=None, dropout_seed=0, dropout_offset=0, dropout_rng=None, num_splits=0,
+            backend="auto", num_threads=0, stream=0, q_descale=None, k_descale=None, v_descale=None, fp8=False):
     """Attention forward. Returns ``(out, lse)``, or ``out`` when ``return_lse`` is False.
 
     FP8 (flashattn.h): q, k, v torch.float8_e4m3fn tensors (or, for any array library, their bytes as uint8 with
@@ -189,8 +189,9 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
     cu_seqlens. num_threads: CPU worker threads (0 = all). stream: a cudaStream_t as an int for CUDA arrays.
     num_splits: split-KV on cuda-sm90 (0 = the plan picks, 1 = none; a hint elsewhere). sinks: float32 (Hq)
     learnable sink logits that join each row's softmax denominator (flashattn.h). dropout_p > 0 drops
-    probabilities by the mask of (dropout_seed, dropout_offset) (src/core/dropout.hpp; the CPU backend and
-    cuda-sm80); the backward takes the same seed and offset.
+    probabilities by the mask of (dropout_seed, dropout_offset) (src/core/dropout.hpp), or of the two entries
+    of ``dropout_rng`` (int64, on q's device; CUDA kernels read it in place, so a captured CUDA graph may refill
+    it between replays; the integers must then be 0); the backward takes the same seed and offset.
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     (q, fq), (k, fk), (v, fv) = _fp8_storage(q), _fp8_storage(k), _fp8_storage(v)
@@ -204,9 +205,11 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
 
         lse = _numpy_empty(q, _lse_shape(q, varlen), np.float32, "lse")
     _check_numpy(dict(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                      seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks), ("out", "lse"))
+                      seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks, dropout_rng=dropout_rng),
+                 ("out", "lse"))
     _C.forward(_export(q), _export(k), _export(v), _export(out), _export(lse), num_splits=int(num_splits),
-               sinks=_export(sinks), dropout_seed=int(dropout_seed), dropout_offset=int(dropout_offset), fp8=fp8,
+               sinks=_export(sinks), dropout_seed=int(dropout_seed), dropout_offset=int(dropout_offset),
+               dropout_rng=_export(dropout_rng), fp8=fp8,
                q_descale=_export(q_descale), k_descale=_export(k_descale), v_descale=_export(v_descale),
                **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                          causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
@@ -217,8 +220,8 @@ def forward(q, k, v, *, out=None, lse=None, return_lse=True, cu_seqlens_q=None, 
 def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q=None, cu_seqlens_k=None,
              max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
              causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-             dropout_p=0.0, sinks=None, dsinks=None, dropout_seed=0, dropout_offset=0, deterministic=False,
-             backend="auto", num_threads=0, stream=0):
+             dropout_p=0.0, sinks=None, dsinks=None, dropout_seed=0, dropout_offset=0, dropout_rng=None,
+             deterministic=False, backend="auto", num_threads=0, stream=0):
     """Attention backward from the forward's ``out`` and ``lse``. Returns ``(dq, dk, dv)``, and with ``sinks``
     ``(dq, dk, dv, dsinks)`` (dsinks: float32 (Hq), the sinks' gradient)."""
     for name, a in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
@@ -237,10 +240,11 @@ def backward(dout, q, k, v, out, lse, *, dq=None, dk=None, dv=None, cu_seqlens_q
         dsinks = _numpy_empty(q, (q.shape[-2],), np.float32, "dsinks")
     _check_numpy(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q,
                       cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks,
-                      dsinks=dsinks), ("dq", "dk", "dv", "dsinks"))
+                      dsinks=dsinks, dropout_rng=dropout_rng), ("dq", "dk", "dv", "dsinks"))
     _C.backward(_export(dout), _export(q), _export(k), _export(v), _export(out), _export(lse), _export(dq),
                 _export(dk), _export(dv), deterministic=bool(deterministic), sinks=_export(sinks),
                 dsinks=_export(dsinks), dropout_seed=int(dropout_seed), dropout_offset=int(dropout_offset),
+                dropout_rng=_export(dropout_rng),
                 **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                           causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads,
                           stream))

@@ -61,6 +61,7 @@ std::string dtype_rule(const std::string& name) {
   if (name == "cu_seqlens_q" || name == "cu_seqlens_k") return "int32 (prefix sums of sequence lengths)";
   if (name == "seqused_k") return "int32 (keys used per sequence)";
   if (name == "block_table") return "int32 (page indices)";
+  if (name == "dropout_rng") return "int64 (the dropout seed and offset)";
   if (name == "alibi_slopes") return "float32 (one slope per head)";
   if (name == "lse") return "float32 (log-sum-exp per query row)";
   if (name == "q" || name == "k" || name == "v") return "float32, float16, bfloat16 or float8_e4m3fn";
@@ -78,6 +79,7 @@ fa_dtype to_fa_dtype(const char* name, nb::dlpack::dtype t, bool fp8_storage = f
     return FA_FLOAT8_E4M3;
   if (t == nb::dtype<float>()) return FA_FLOAT32;
   if (t == nb::dtype<int32_t>()) return FA_INT32;
+  if (t == nb::dtype<int64_t>()) return FA_INT64;
   if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Float)) return FA_FLOAT16;
   if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Bfloat)) return FA_BFLOAT16;
   raise(PyExc_ValueError,
@@ -130,7 +132,8 @@ fa_attention attention(const In& q, const In& k, const In& v, const OptIn& cu_se
                        const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                        std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
                        int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p,
-                       const OptIn& sinks, uint64_t dropout_seed, uint64_t dropout_offset, bool fp8 = false) {
+                       const OptIn& sinks, uint64_t dropout_seed, uint64_t dropout_offset, const OptIn& dropout_rng,
+                       bool fp8 = false) {
   fa_attention a = fa_attention_default();
   a.q = view("q", q, fp8);
   a.k = view("k", k, fp8);
@@ -152,6 +155,7 @@ fa_attention attention(const In& q, const In& k, const In& v, const OptIn& cu_se
   a.sinks = view("sinks", sinks);
   a.dropout_seed = dropout_seed;
   a.dropout_offset = dropout_offset;
+  a.dropout_rng = view("dropout_rng", dropout_rng);
   return a;
 }
 
@@ -169,13 +173,13 @@ void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut
              const OptIn& cu_seqlens_k, const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              std::optional<double> softmax_scale, bool causal, int causal_alignment, int64_t window_left,
              int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks,
-             uint64_t dropout_seed, uint64_t dropout_offset, int num_splits, const OptIn& block_table, bool fp8,
-             const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale, int backend, int num_threads,
-             uintptr_t stream) {
+             uint64_t dropout_seed, uint64_t dropout_offset, const OptIn& dropout_rng, int num_splits,
+             const OptIn& block_table, bool fp8, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
+             int backend, int num_threads, uintptr_t stream) {
   fa_fwd_params p{};
   p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                      causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed,
-                     dropout_offset, fp8);
+                     dropout_offset, dropout_rng, fp8);
   p.attn.block_table = view("block_table", block_table);  // forward only: paged K/V (flashattn.h)
   // FP8 (forward only): the dequantisation factors.
   p.attn.q_descale = view("q_descale", q_descale);
@@ -198,12 +202,12 @@ void backward(const In& dout, const In& q, const In& k, const In& v, const In& o
               const OptIn& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, std::optional<double> softmax_scale,
               bool causal, int causal_alignment, int64_t window_left, int64_t window_right, double softcap,
               const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks, const OptOut& dsinks,
-              uint64_t dropout_seed, uint64_t dropout_offset, bool deterministic, int backend, int num_threads,
-              uintptr_t stream) {
+              uint64_t dropout_seed, uint64_t dropout_offset, const OptIn& dropout_rng, bool deterministic, int backend,
+              int num_threads, uintptr_t stream) {
   fa_bwd_params p{};
   p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                      causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed,
-                     dropout_offset);
+                     dropout_offset, dropout_rng);
   p.dsinks = view("dsinks", dsinks);
   p.out = view("out", out);
   p.lse = view("lse", lse);
@@ -277,10 +281,11 @@ NB_MODULE(_C, m) {
         nb::arg("causal") = false, nb::arg("causal_alignment") = int(FA_ALIGN_BOTTOM_RIGHT),
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
         nb::arg("alibi_slopes").none() = nb::none(), nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(),
-        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("num_splits") = 0,
-        nb::arg("block_table").none() = nb::none(), nb::arg("fp8") = false, nb::arg("q_descale").none() = nb::none(),
-        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
-        nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0, nb::arg("stream") = 0,
+        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("dropout_rng").none() = nb::none(),
+        nb::arg("num_splits") = 0, nb::arg("block_table").none() = nb::none(), nb::arg("fp8") = false,
+        nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(),
+        nb::arg("v_descale").none() = nb::none(), nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0,
+        nb::arg("stream") = 0,
         "fa_forward: writes out (and lse when given). Layouts, semantics and errors as in flashattn.h.\n"
         "stream is a cudaStream_t as an integer (0 = default stream), ignored for CPU arrays.\n"
         "fp8: q, k, v are float8_e4m3fn stored as 8-bit integers (exporters without DLPack's float8 code).");
@@ -297,7 +302,7 @@ NB_MODULE(_C, m) {
         nb::arg("causal_alignment") = int(FA_ALIGN_BOTTOM_RIGHT), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),
         nb::arg("dropout_p") = 0.0, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
-        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("deterministic") = false,
-        nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0, nb::arg("stream") = 0,
-        "fa_backward: writes dq, dk, dv from the forward's out and lse.");
+        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("dropout_rng").none() = nb::none(),
+        nb::arg("deterministic") = false, nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0,
+        nb::arg("stream") = 0, "fa_backward: writes dq, dk, dv from the forward's out and lse.");
 }

@@ -2,7 +2,8 @@
 // the CUDA kernels. Element (b, h, i, j) of a call with (seed, offset) belongs to the group of eight
 //   queries {i0, i0 + 8} x keys {j0, j0 + 1, j0 + 8, j0 + 9},   i0 % 16 < 8, j0 % 16 in {0, 2, 4, 6},
 // whose four 32-bit words are Philox4x32-10(counter = (key_group(j), query_group(i), b * heads_q + h, offset_lo),
-// key = (seed_lo, seed_hi ^ offset_hi)). The element draws the 16-bit half (low for even j, high for odd j) of word
+// key = (seed_lo, seed_hi ^ offset_hi)); (seed, offset) are the call's integers or its dropout_rng tensor. The element
+// draws the 16-bit half (low for even j, high for odd j) of word
 // ((i >> 3) & 1) | ((j >> 3) & 1) << 1 and is kept when that draw is below floor((1 - p) * 2^16) (so p resolves to
 // 2^-16: at p = 0.1 the keep rate is 1 - p - 6e-6). b is the batch entry (varlen: the sequence), h the query head,
 // i and j the query and key positions within that sequence. Kept probabilities are scaled by 1 / (1 - p). No
@@ -55,8 +56,17 @@ FA_HOST_DEVICE PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, 
   return {{c0, c1, c2, c3}};
 }
 
+// The three words of the Philox call that (seed, offset) decide: key (k0, k1) and the counter's last word c3.
+struct PhiloxKey {
+  uint32_t k0, k1, c3;
+};
+
 struct DropoutRule {
   uint64_t seed = 0, offset = 0;
+  // CUDA calls given attn.dropout_rng: (seed, offset) in device memory, read by the kernels in place of the fields
+  // above, so that a captured CUDA graph draws a new mask whenever the tensor is refilled (flashattn.h). Never set
+  // for host calls: the validation reads a host tensor into the fields.
+  const uint64_t* rng = nullptr;
   uint32_t threshold = 0;  // keep when a 16-bit draw is below it: floor((1 - p) * 2^16), at most 2^16 - 1
   float keep_scale = 1.f;  // 1 / (1 - p)
   bool on = false;
@@ -72,10 +82,23 @@ struct DropoutRule {
   // block: the pair (j % 8) / 2, both halves of the block).
   FA_HOST_DEVICE static uint32_t query_group(int64_t i) { return uint32_t(((i >> 4) << 3) | (i & 7)); }
   FA_HOST_DEVICE static uint32_t key_group(int64_t j) { return uint32_t(((j >> 4) << 2) | ((j >> 1) & 3)); }
+  // The call's key words. On the device from rng when given: a volatile load each time (one per fragment walk, an
+  // L1 hit), so that the compiler keeps no (seed, offset) registers live across the mainloops; the tensor is not
+  // written while a kernel that reads it runs.
+  FA_HOST_DEVICE PhiloxKey key() const {
+    uint64_t s = seed, o = offset;
+#if defined(__CUDA_ARCH__)
+    if (rng != nullptr) {
+      asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(s) : "l"(rng));
+      asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(o) : "l"(rng + 1));
+    }
+#endif
+    return {uint32_t(s), uint32_t(s >> 32) ^ uint32_t(o >> 32), uint32_t(o)};
+  }
   // The four words of a group of (batch entry b, query head h); bh = b * heads_q + h.
-  FA_HOST_DEVICE PhiloxWords group_words(int64_t bh, uint32_t query_grp, uint32_t key_grp) const {
-    return philox4x32_10(key_grp, query_grp, uint32_t(bh), uint32_t(offset), uint32_t(seed),
-                         uint32_t(seed >> 32) ^ uint32_t(offset >> 32));
+  FA_HOST_DEVICE static PhiloxWords group_words(const PhiloxKey& key, int64_t bh, uint32_t query_grp,
+                                                uint32_t key_grp) {
+    return philox4x32_10(key_grp, query_grp, uint32_t(bh), key.c3, key.k0, key.k1);
   }
   // Which of its group's words element (i, j) draws from (its half: j & 1).
   FA_HOST_DEVICE static int word_of(int64_t i, int64_t j) { return int(((i >> 3) & 1) | (((j >> 3) & 1) << 1)); }
@@ -87,7 +110,7 @@ struct DropoutRule {
   // The factor of probability (b, h, i, j): 0 (dropped) or 1 / (1 - p); 1 without dropout.
   FA_HOST_DEVICE float factor(int64_t b, int64_t heads_q, int64_t h, int64_t i, int64_t j) const {
     if (!on) return 1.f;
-    const PhiloxWords w = group_words(b * heads_q + h, query_group(i), key_group(j));
+    const PhiloxWords w = group_words(key(), b * heads_q + h, query_group(i), key_group(j));
     return keeps_half(w.w[word_of(i, j)], (j & 1) != 0) ? keep_scale : 0.f;
   }
 };

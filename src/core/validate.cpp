@@ -43,7 +43,8 @@ std::string shape_str(std::initializer_list<int64_t> dims) {
 }
 
 bool known_dtype(fa_dtype t) {
-  return t == FA_FLOAT32 || t == FA_FLOAT16 || t == FA_BFLOAT16 || t == FA_INT32 || t == FA_FLOAT8_E4M3;
+  return t == FA_FLOAT32 || t == FA_FLOAT16 || t == FA_BFLOAT16 || t == FA_INT32 || t == FA_FLOAT8_E4M3 ||
+         t == FA_INT64;
 }
 
 std::string strides_str(const fa_tensor& t) {
@@ -423,6 +424,22 @@ Error validate(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse
   if (!(a.dropout_p >= 0.f && a.dropout_p < 1.f))
     return invalid("dropout_p", "must be in [0, 1) (got " + std::to_string(a.dropout_p) + ")");
   p->dropout = DropoutRule(a.dropout_p, a.dropout_seed, a.dropout_offset);
+  if (a.dropout_rng.data != nullptr) {
+    // (seed, offset) in a tensor: CUDA kernels read it in place (graph capture), CPU calls read it here.
+    const fa_tensor& t = a.dropout_rng;
+    const Requirements plain{0, 1, true, req.name};
+    if (Error e = check_tensor("dropout_rng", t, 1, a.q, true, plain); !e.ok()) return e;
+    if (Error e = check_dtype("dropout_rng", t, FA_INT64, "(the dropout seed and offset)"); !e.ok()) return e;
+    if (Error e = check_shape("dropout_rng", t, {2}); !e.ok()) return e;
+    if (a.dropout_seed != 0 || a.dropout_offset != 0)
+      return invalid("dropout_rng", "takes the place of dropout_seed and dropout_offset, which must then be 0 (got " +
+                                        std::to_string(a.dropout_seed) + ", " + std::to_string(a.dropout_offset) + ")");
+    const auto* words = static_cast<const uint64_t*>(t.data);
+    if (t.device == FA_DEVICE_CPU)
+      p->dropout = DropoutRule(a.dropout_p, words[0], words[1]);
+    else
+      p->dropout.rng = words;
+  }
   if (a.causal_alignment != FA_ALIGN_BOTTOM_RIGHT && a.causal_alignment != FA_ALIGN_TOP_LEFT)
     return invalid("causal_alignment", "must be FA_ALIGN_BOTTOM_RIGHT or FA_ALIGN_TOP_LEFT");
   if (a.window_left < -1)

@@ -43,7 +43,8 @@ detail::Error check_pointers(const detail::Problem& p, bool backward) {
                                                                  {"sinks", p.sinks},
                                                                  {"q_descale", p.q_descale.data},
                                                                  {"k_descale", p.k_descale.data},
-                                                                 {"v_descale", p.v_descale.data}};
+                                                                 {"v_descale", p.v_descale.data},
+                                                                 {"dropout_rng", p.dropout.rng}};
   const std::pair<const char*, const void*> backward_tensors[] = {
       {"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}, {"dsinks", p.dsinks}};
   for (const auto& [name, ptr] : forward_tensors)

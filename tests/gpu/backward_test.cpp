@@ -76,6 +76,9 @@ void run_backward_case(const Case& c) {
     dcu_k.upload(cu_k);
   }
   if (!used.empty()) dused.upload(used);
+  std::vector<uint64_t> host_rng = {c.dropout_seed, c.dropout_offset};
+  DeviceBuffer<uint64_t> drng(2);
+  drng.upload(host_rng);
 
   struct Ptrs {
     void *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *cuq, *cuk, *used, *slopes, *sinks, *dsinks;
@@ -115,6 +118,12 @@ void run_backward_case(const Case& c) {
     p.attn.dropout_p = c.dropout_p;
     p.attn.dropout_seed = c.dropout_seed;
     p.attn.dropout_offset = c.dropout_offset;
+    if (c.dropout_rng) {  // (seed, offset) as an int64 tensor where the call runs
+      int64_t two = 2;
+      p.attn.dropout_rng = fa_make_tensor(dev == FA_DEVICE_CUDA ? static_cast<void*>(drng.ptr) : host_rng.data(),
+                                          FA_INT64, dev, 1, &two);
+      p.attn.dropout_seed = p.attn.dropout_offset = 0;
+    }
     if (c.alibi == Alibi::kHeads) p.attn.alibi_slopes = fa_make_tensor(x.slopes, FA_FLOAT32, dev, 1, &c.hq);
     if (c.alibi == Alibi::kBatch) {
       int64_t s[2] = {batch, c.hq};
@@ -299,6 +308,7 @@ std::vector<Case> dropout_backward_cases() {
   g.name = "dropout_gqa_causal"; add(g);
   g.name = "dropout_gqa_causal_deterministic"; g.deterministic = true; add(g);
   g.name = "dropout_p05_offset_high_bits"; g.deterministic = false; g.dropout_p = 0.5f; g.dropout_seed = 0x123456789abcdefull; g.dropout_offset = (uint64_t(3) << 40) + 77; add(g);
+  g.name = "dropout_p05_rng_tensor"; g.dropout_rng = true; add(g);
   Case m; m.sq = 120, m.sk = 201, m.d = m.dv = 128; m.softcap = 5.f; m.alibi = Alibi::kHeads; m.causal = true;
   m.name = "dropout_softcap_alibi_causal"; add(m);
   Case s; s.sq = 130, s.sk = 90, s.hq = 4, s.hkv = 2; s.sinks = true; s.causal = true;

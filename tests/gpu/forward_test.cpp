@@ -106,6 +106,9 @@ void run_case(const Case& c) {
   }
   std::vector<int32_t> used(c.seqused_k.begin(), c.seqused_k.end());
   if (!used.empty()) dused.upload(used);
+  std::vector<uint64_t> host_rng = {c.dropout_seed, c.dropout_offset};
+  DeviceBuffer<uint64_t> drng(2);
+  drng.upload(host_rng);
   // Poison: all-ones bits are NaN in fp16, bf16 and fp32.
   ASSERT_EQ(cudaMemset(dout.ptr, 0xff, no * sizeof(uint16_t)), cudaSuccess);
   ASSERT_EQ(cudaMemset(dlse.ptr, 0xff, nl * sizeof(float)), cudaSuccess);
@@ -138,6 +141,12 @@ void run_case(const Case& c) {
     p.attn.dropout_p = c.dropout_p;
     p.attn.dropout_seed = c.dropout_seed;
     p.attn.dropout_offset = c.dropout_offset;
+    if (c.dropout_rng) {  // (seed, offset) as an int64 tensor where the call runs
+      int64_t two = 2;
+      p.attn.dropout_rng = fa_make_tensor(dev == FA_DEVICE_CUDA ? static_cast<void*>(drng.ptr) : host_rng.data(),
+                                          FA_INT64, dev, 1, &two);
+      p.attn.dropout_seed = p.attn.dropout_offset = 0;
+    }
     if (c.sinks) p.attn.sinks = fa_make_tensor(sinks, FA_FLOAT32, dev, 1, &c.hq);
     if (c.alibi == Alibi::kHeads) p.attn.alibi_slopes = fa_make_tensor(sl, FA_FLOAT32, dev, 1, &c.hq);
     if (c.alibi == Alibi::kBatch) {
@@ -404,6 +413,7 @@ std::vector<Case> dropout_cases() {
   Case g; g.sq = 130, g.sk = 260, g.hq = 8, g.hkv = 2, g.d = g.dv = 128, g.causal = true;
   g.name = "dropout_gqa_causal"; add(g);
   g.name = "dropout_p05_offset_high_bits"; g.dropout_p = 0.5f; g.dropout_seed = 0x123456789abcdefull; g.dropout_offset = (uint64_t(3) << 40) + 77; add(g);
+  g.name = "dropout_p05_rng_tensor"; g.dropout_rng = true; add(g);
   Case m; m.sq = 120, m.sk = 201, m.d = m.dv = 64; m.softcap = 5.f; m.alibi = Alibi::kHeads;
   m.name = "dropout_softcap_alibi"; add(m);
   Case s; s.sq = 130, s.sk = 90, s.hq = 4, s.hkv = 2; s.sinks = true; s.causal = true;

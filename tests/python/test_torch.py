@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 
 import pytest
 
@@ -589,11 +590,138 @@ def test_dropout(device, dtype, causal, p):
     assert torch.equal(flash_attn_func(q, k, v, dropout_p=p, causal=causal), out)
     torch.manual_seed(6)
     assert not torch.equal(flash_attn_func(q, k, v, dropout_p=p, causal=causal), out)
-    if device == "cuda":  # the same mask as the CPU backend's (both are core/dropout.hpp's rule)
-        torch.manual_seed(5)
-        on_cpu = flash_attn_func(q.detach().cpu().float(), k.detach().cpu().float(), eye.cpu().float(),
-                                 dropout_p=p, causal=causal)
-        assert torch.equal(on_cpu != 0, keep.cpu())
+    if device == "cuda":  # the same mask as the CPU backend's for the same seed (core/dropout.hpp's rule)
+        seed, offset = 0x5EED, 77
+        z_cuda = dropout_probs(q, k, eye, p, causal, dropout_seed=seed, dropout_offset=offset)
+        z_cpu = dropout_probs(q.cpu().float(), k.cpu().float(), eye.cpu().float(), p, causal, dropout_seed=seed,
+                              dropout_offset=offset)
+        assert torch.equal(z_cuda != 0, z_cpu != 0)
+
+
+def dropout_probs(q, k, eye, p, causal, **rng):
+    """flashattn.ops.forward with V = I (the dropped-out probabilities) and an explicit seed/offset or rng tensor."""
+    q, k = q.detach(), k.detach()
+    out = torch.empty(q.shape[:-1] + eye.shape[-1:], dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    stream = torch.cuda.current_stream().cuda_stream if q.is_cuda else 0
+    ops.forward(q, k, eye, out=out, lse=lse, dropout_p=p, causal=causal, stream=stream, **rng)
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda_backward)])
+def test_dropout_rng_tensor(device):
+    """attn.dropout_rng, (seed, offset) as an int64 tensor on q's device (read in place by the CUDA kernels, on the
+    host for CPU calls), draws the mask of the same two integers, forward and backward, bit for bit. It takes their
+    place: given with a nonzero seed or offset, or of another dtype, shape or device, it is a named error."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    b, sq, sk, h, d, p = 2, 40, 56, 2, 64, 0.3
+    q, dout = (make((b, sq, h, d), dtype, device, s, requires_grad=False) for s in (61, 62))
+    k, v = (make((b, sk, h, d), dtype, device, s, requires_grad=False) for s in (63, 64))
+    seed, offset = 0x123456789ABCDEF, (3 << 40) + 77
+    rng = torch.tensor([seed, offset], dtype=torch.int64, device=device)
+    stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else 0
+
+    def run(**draw):
+        out = torch.empty_like(q)
+        lse = torch.empty((b, h, sq), dtype=torch.float32, device=device)
+        ops.forward(q, k, v, out=out, lse=lse, dropout_p=p, causal=True, stream=stream, **draw)
+        grads = ops.backward(dout, q, k, v, out, lse, dq=torch.empty_like(q), dk=torch.empty_like(k),
+                             dv=torch.empty_like(v), dropout_p=p, causal=True, stream=stream, **draw)
+        return (out,) + tuple(grads)
+
+    by_ints = run(dropout_seed=seed, dropout_offset=offset)
+    by_tensor = run(dropout_rng=rng)
+    for name, a, c in zip(("out", "dq", "dk", "dv"), by_ints, by_tensor):
+        assert torch.equal(a, c), name
+    assert not torch.equal(run(dropout_seed=seed, dropout_offset=offset + 1)[0], by_ints[0])
+    out = torch.empty_like(q)
+    bad = [
+        (dict(dropout_rng=rng, dropout_seed=seed), "dropout_rng: takes the place of dropout_seed"),
+        (dict(dropout_rng=rng.int()), "dropout_rng: dtype must be int64"),
+        (dict(dropout_rng=torch.zeros(3, dtype=torch.int64, device=device)), "dropout_rng: shape must be (2)"),
+    ]
+    if device == "cuda":
+        bad.append((dict(dropout_rng=rng.cpu()), "dropout_rng: must be on the same device as q"))
+    for draw, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            ops.forward(q, k, v, out=out, dropout_p=p, return_lse=False, stream=stream, **draw)
+
+
+@requires_cuda_backward
+def test_cuda_graph_dropout_draws_per_replay():
+    """Dropout in a captured CUDA graph (forward and backward): each replay draws a new seed and offset on the
+    device (torch's capture-safe generator, into the tensor the kernels read; a host seed would be baked into the
+    graph and every replay would drop the same probabilities). With V = I the output is the dropped-out
+    probability matrix, so each replay is checked against float64 math with its own mask, gradients included
+    (the backward reads the forward's tensor)."""
+    dtype, device, p = torch.bfloat16, "cuda", 0.3
+    b, sq, sk, h, d = 1, 32, 48, 2, 64
+    q = make((b, sq, h, d), dtype, device, 81)
+    k = make((b, sk, h, d), dtype, device, 82)
+    eye = torch.eye(sk, dtype=dtype, device=device).expand(b, h, sk, sk).transpose(1, 2).contiguous()
+    dout = make((b, sq, h, sk), dtype, device, 83, requires_grad=False)
+
+    def step():
+        z = flash_attn_func(q, k, eye, dropout_p=p)
+        return (z,) + torch.autograd.grad(z, (q, k), dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    probs, _ = math_attention(q, k, eye)
+    masks = []
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        z, dq, dk = (t.clone() for t in static)
+        keep = z != 0
+        masks.append(keep)
+        want = probs * keep.double() / (1 - p)
+        tol = 8 * STORAGE_EPS[dtype]
+        assert max_err(z, want) <= tol / (1 - p)
+        want_dq, want_dk = torch.autograd.grad(want, (q, k), dout.double(), retain_graph=True)
+        assert max_err(dq, want_dq) <= 2 * tol * max(1.0, want_dq.abs().max().item())
+        assert max_err(dk, want_dk) <= 2 * tol * max(1.0, want_dk.abs().max().item())
+    assert not torch.equal(masks[0], masks[1])
+
+
+@pytest.mark.parametrize("device,backend", [
+    pytest.param("cpu", "aot_eager", id="cpu-aot_eager"),
+    pytest.param("cuda", "inductor", id="cuda-inductor", marks=requires_cuda_backward),
+])
+def test_torch_compile_dropout(device, backend):
+    """Dropout under torch.compile(fullgraph=True): the seed is a device tensor drawn by torch's generator in the
+    graph (no host integer, no graph break); each call draws a new mask, and the output and gradients are those
+    of float64 math with the mask the call drew (V = I reveals it)."""
+    torch._dynamo.reset()
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    b, sq, sk, h, d, p = 1, 24, 40, 2, 32, 0.4
+    q = make((b, sq, h, d), dtype, device, 91)
+    k = make((b, sk, h, d), dtype, device, 92)
+    eye = torch.eye(sk, dtype=dtype, device=device).expand(b, h, sk, sk).transpose(1, 2).contiguous()
+    dout = make((b, sq, h, sk), dtype, device, 93, requires_grad=False)
+    compiled = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, dropout_p=p, causal=True), fullgraph=True,
+                             backend=backend)
+    probs, _ = math_attention(q, k, eye, causal=True)
+    tol = 1e-5 if dtype == torch.float32 else 8 * STORAGE_EPS[dtype]
+    masks = []
+    for _ in range(2):
+        z = compiled(q, k, eye)
+        dq, dk = torch.autograd.grad(z, (q, k), dout)
+        keep = z.detach() != 0
+        masks.append(keep)
+        want = probs * keep.double() / (1 - p)
+        assert max_err(z, want) <= tol / (1 - p)
+        want_dq, want_dk = torch.autograd.grad(want, (q, k), dout.double(), retain_graph=True)
+        assert max_err(dq, want_dq) <= 2 * tol * max(1.0, want_dq.abs().max().item())
+        assert max_err(dk, want_dk) <= 2 * tol * max(1.0, want_dk.abs().max().item())
+    assert not torch.equal(masks[0], masks[1])
 
 
 def paged_from_packed(k, v, cu, page_size, gen):

@@ -21,13 +21,15 @@ __device__ __forceinline__ void dropout_query_rows(const detail::DropoutRule& d,
   constexpr int kRows = decltype(cute::size<0>(coords))::value, kCols = decltype(cute::size<1>(coords))::value;
   constexpr int kStep = kPairedAtoms ? 4 : 2;
   static_assert(kRows % 2 == 0 && kCols % kStep == 0);
+  const detail::PhiloxKey key = d.key();
   CUTE_UNROLL
   for (int r = 0; r < kRows; r += 2) {
     const uint32_t query_grp = detail::DropoutRule::query_group(m0 + cute::get<0>(coords(r, 0)));
     CUTE_UNROLL
     for (int c = 0; c < kCols; c += kStep) {
       const int j = n0 + cute::get<1>(coords(0, c));
-      const detail::PhiloxWords w = d.group_words(bh, query_grp, detail::DropoutRule::key_group(j));
+      const detail::PhiloxWords w =
+          detail::DropoutRule::group_words(key, bh, query_grp, detail::DropoutRule::key_group(j));
       const int half8 = kPairedAtoms ? 0 : ((j >> 3) & 1) << 1;  // words 2, 3 hold keys j0 + 8, j0 + 9
       keep(r, c, d.keeps_low(w.w[half8]));
       keep(r, c + 1, d.keeps_high(w.w[half8]));
@@ -56,13 +58,15 @@ __device__ __forceinline__ void dropout_key_rows(const detail::DropoutRule& d, c
   static_assert(kRows % 2 == 0 && kCols % 4 == 0);
   const int odd = (lane >> 2) & 1;  // this lane's keys are odd: it draws queries q + 1, q + 9 and keeps high halves
   const uint32_t send_sel = odd ? 0x5410u : 0x7632u;  // byte_perm: the partner's halves of words a, b as (a, b)
+  const detail::PhiloxKey key = d.key();
   CUTE_UNROLL
   for (int r = 0; r < kRows; r += 2) {
     const uint32_t key_grp = detail::DropoutRule::key_group(n0 + cute::get<0>(coords(r, 0)));
     CUTE_UNROLL
     for (int c = 0; c < kCols; c += 4) {
       const int q = m0 + cute::get<1>(coords(0, c));
-      const detail::PhiloxWords w = d.group_words(bh, detail::DropoutRule::query_group(q + odd), key_grp);
+      const detail::PhiloxWords w =
+          detail::DropoutRule::group_words(key, bh, detail::DropoutRule::query_group(q + odd), key_grp);
       // Word h8 | k8 << 1 holds queries + 8 h8, keys + 8 k8; received word k8 holds (h8 = 0, h8 = 1) as (low, high).
       const uint32_t recv[2] = {__shfl_xor_sync(0xffffffffu, __byte_perm(w.w[0], w.w[1], send_sel), 4),
                                 __shfl_xor_sync(0xffffffffu, __byte_perm(w.w[2], w.w[3], send_sel), 4)};
