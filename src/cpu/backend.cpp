@@ -1,7 +1,13 @@
 // The CPU backend: picks the kernels build for this processor's vector width and reports tile shapes.
 #include <atomic>
+#include <cstdlib>
 #include <string>
 #include <vector>
+
+#if defined(FA_CPU_HAVE_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "core/backend.hpp"
 #include "cpu/numeric.hpp"
@@ -24,6 +30,9 @@ FA_DECLARE_ISA(avx512)
 #ifdef FA_CPU_HAVE_AVX512BF16
 FA_DECLARE_ISA(avx512bf16)
 #endif
+#ifdef FA_CPU_HAVE_AMX
+FA_DECLARE_ISA(amx)
+#endif
 #undef FA_DECLARE_ISA
 
 namespace {
@@ -35,27 +44,51 @@ struct Kernels {
   detail::Error (*backward)(const detail::Problem&, int);
 };
 
-Kernels pick() {
+#if defined(FA_CPU_HAVE_AMX)
+// Linux hands out the AMX tile state (8 KiB of it per thread) only on request; without the grant the first tile
+// instruction faults. Asked once per process, as oneDNN does.
+bool amx_granted() {
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+// The widest build this processor runs (want empty), or the one `want` names if the processor runs it (else baseline).
+Kernels pick(const std::string& want) {
+  auto wanted = [&](const char* name) { return want.empty() || want == name; };
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#if defined(FA_CPU_HAVE_AMX)
+  if (wanted("amx") && avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-tile") &&
+      __builtin_cpu_supports("amx-bf16") && amx_granted())
+    return {amx::forward, amx::backward};
+#endif
 #if defined(FA_CPU_HAVE_AVX512BF16)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16"))
+  if (wanted("avx512bf16") && avx512 && __builtin_cpu_supports("avx512bf16"))
     return {avx512bf16::forward, avx512bf16::backward};
 #endif
 #if defined(FA_CPU_HAVE_AVX512)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    return {avx512::forward, avx512::backward};
+  if (wanted("avx512") && avx512) return {avx512::forward, avx512::backward};
 #endif
 #if defined(FA_CPU_HAVE_AVX2)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
-      __builtin_cpu_supports("bmi2"))
+  if (wanted("avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2"))
     return {avx2::forward, avx2::backward};
 #endif
   return {baseline::forward, baseline::backward};
 }
 
+// FLASHATTN_CPU_ISA (amx, avx512bf16, avx512, avx2, baseline) picks a narrower build than the widest this processor
+// runs, for A/B measurements and for the tests of the narrower builds on wide machines; a build the processor cannot
+// run is ignored.
 const Kernels& kernels() {
-  static const Kernels k = pick();
+  static const Kernels k = [] {
+    const char* env = std::getenv("FLASHATTN_CPU_ISA");
+    const std::string want = env != nullptr ? env : "";
+    if (want.empty() || want == "baseline") return pick(want);
+    const Kernels named = pick(want);
+    return named.forward != baseline::forward ? named : pick("");
+  }();
   return k;
 }
 

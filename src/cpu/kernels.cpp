@@ -139,6 +139,58 @@ void pack_row_pairs(const Problem& p, const void* base, const RowLayout& l, int6
   }
 }
 
+// The probabilities of a tile St[key][query] (row stride ld, a multiple of 16; keys even) as gemm_bf16's B operand
+// over the keys, rounded to bf16: Bp[(k/2) * ld + q] = (St[k][q], St[k+1][q]). Pairs of St's rows as they are, 16
+// queries per vector: the forward computes O^T += V^T P^T so that P needs no transpose.
+inline void key_pairs_of(const float* st, int ld, int keys, uint32_t* Bp) {
+  for (int k = 0; k < keys; k += 2)
+    for (int q = 0; q < ld; q += 16) {
+      const __m256bh a = _mm512_cvtneps_pbh(_mm512_loadu_ps(st + int64_t(k) * ld + q));
+      const __m256bh c = _mm512_cvtneps_pbh(_mm512_loadu_ps(st + int64_t(k + 1) * ld + q));
+      // (The zero-masked forms: GCC 12 warns that the plain ones' undefined sources may be used uninitialised.)
+      const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xffff, reinterpret_cast<const __m256i&>(a));
+      const __m512i hi =
+          _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, reinterpret_cast<const __m256i&>(c)), 16);
+      _mm512_storeu_si512(Bp + int64_t(k / 2) * ld + q, _mm512_or_si512(lo, hi));
+    }
+}
+
+// Rows r0 .. r0 + valid of (b, h) of a bf16 tensor transposed, out[c][r] for c < dim and r < rows (row stride rows),
+// zero past valid and from dim to dim_pad: V^T, the A operand of O^T += V^T P^T.
+template <fa_dtype T>
+void pack_t(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int valid, int rows,
+            int dim, int dim_pad, uint16_t* out) {
+  static_assert(T == FA_BFLOAT16);
+  const auto* src = static_cast<const uint16_t*>(base);
+  std::fill(out, out + int64_t(dim_pad) * rows, uint16_t(0));
+  int r = 0;
+  // 16 rows at a time: a gather of the column pairs (c, c + 1) of 16 rows, split into output rows c and c + 1. The
+  // rows' offsets from the first must fit the gather's int32 indices (paged rows on far pages take the scalar loop).
+  for (; r + 16 <= valid; r += 16) {
+    const uint16_t* x0 = src + p.offset(l, b, r0 + r, h);
+    alignas(64) int32_t idx[16];
+    bool fits = true;
+    for (int i = 0; i < 16; ++i) {
+      const int64_t d = (src + p.offset(l, b, r0 + r + i, h)) - x0;
+      fits &= d >= -(int64_t(1) << 30) && d < (int64_t(1) << 30);
+      idx[i] = int32_t(d);
+    }
+    if (!fits) break;
+    const __m512i rows16 = _mm512_load_si512(idx);
+    for (int c = 0; c < dim; c += 2) {
+      const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, rows16, x0 + c, 2);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + int64_t(c) * rows + r),
+                          _mm512_maskz_cvtepi32_epi16(0xffff, w));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + int64_t(c + 1) * rows + r),
+                          _mm512_maskz_cvtepi32_epi16(0xffff, _mm512_maskz_srli_epi32(0xffff, w, 16)));
+    }
+  }
+  for (; r < valid; ++r) {
+    const uint16_t* x = src + p.offset(l, b, r0 + r, h);
+    for (int c = 0; c < dim; ++c) out[int64_t(c) * rows + r] = x[c];
+  }
+}
+
 // An fp32 tile x[rows][cols] (row stride ld) rounded to bf16 rows for gemm_bf16's A operand: transposed, out[c][r]
 // (cols rows of `rows` elements), or as it is, out[r][c].
 inline void pairs_of_rows(const float* x, int ld, int rows, int cols, uint16_t* out, bool transpose) {
@@ -260,7 +312,14 @@ Error forward_impl(const Problem& p, int threads) {
   for (int64_t b = 0; b < p.batch; ++b) max_lk = std::max(max_lk, p.len_k(b));
   const int64_t kv_blocks_max = (max_lk + dm.bk - 1) / dm.bk;
   const int64_t kv_cache_floats = kv_blocks_max * dm.bk * (dm.dp + dm.dvp);
-  const bool cache_kv = kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
+  // bf16 with dot products reads K rows in place (full tiles) and V through V^T: no fp32 copies, but V^T of every
+  // tile of the (sequence, KV head), packed once per thread and head when it fits kVtCacheBytes (16k keys of d128).
+  const bool bf16_dot = T == FA_BFLOAT16 && kHaveBf16Dot;
+  constexpr int64_t kVtCacheBytes = int64_t(4) << 20;
+  const int64_t vt_cache_elems = kv_blocks_max * dm.bk * dm.dvp;
+  const bool cache_vt = bf16_dot && vt_cache_elems > 0 && vt_cache_elems * 2 <= kVtCacheBytes;
+  const bool cache_kv =
+      !bf16_dot && kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
   const int nthreads = thread_count(threads);
   int64_t all_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) all_blocks += (p.len_q(b) + dm.bq - 1) / dm.bq;
@@ -288,15 +347,19 @@ Error forward_impl(const Problem& p, int threads) {
     FloatBuffer qt(gb * dm.dp * dm.bq), k(size_t(dm.bk) * dm.dp), v(size_t(dm.bk) * dm.dvp);
     FloatBuffer st(size_t(dm.bk) * dm.bq), o(gb * dm.bq * dm.dvp), m(gb * dm.bq), l(gb * dm.bq), alpha(dm.bq);
     FloatBuffer kv(cache_kv ? size_t(kv_cache_floats) : 0);
-    int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv holds
+    PairBuffer vt_cache(cache_vt ? size_t(vt_cache_elems / 2) : 0);
+    int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv (or vt_cache) holds
     const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
-    PairBuffer q_pair_buf(pairs ? gb * (dm.dp / 2) * dm.bq : 0), v_rp_buf(pairs ? size_t(dm.bk / 2) * dm.dvp : 0),
-        p_rows_buf(pairs ? size_t(dm.bq) * dm.bk / 2 : 0);
-    uint32_t *q_pairs = q_pair_buf.data(), *v_rp = v_rp_buf.data();
-    auto* p_rows = reinterpret_cast<uint16_t*>(p_rows_buf.data());
-    (void)q_pairs, (void)v_rp, (void)p_rows;
+    // bf16 dot products: Q in pairs, V^T (dvp x bk bf16) and P^T in key pairs (bk / 2 x bq words); O is held
+    // transposed, O^T[c][q].
+    PairBuffer q_pair_buf(pairs ? gb * (dm.dp / 2) * dm.bq : 0), v_t_buf(pairs ? size_t(dm.bk / 2) * dm.dvp : 0),
+        p_pair_buf(pairs ? size_t(dm.bq) * dm.bk / 2 : 0);
+    uint32_t *q_pairs = q_pair_buf.data(), *p_pairs = p_pair_buf.data();
+    auto* v_t = reinterpret_cast<uint16_t*>(v_t_buf.data());
+    (void)q_pairs, (void)v_t, (void)p_pairs;
     const bool ok = qt.data() && k.data() && v.data() && st.data() && o.data() && m.data() && l.data() &&
-                    alpha.data() && (!cache_kv || kv.data()) && (!pairs || (q_pairs && v_rp && p_rows));
+                    alpha.data() && (!cache_kv || kv.data()) && (!pairs || (q_pairs && v_t && p_pairs)) &&
+                    (!cache_vt || vt_cache.data());
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -321,6 +384,18 @@ Error forward_impl(const Problem& p, int threads) {
         cached_b = b;
         cached_hk = hk;
       }
+#if defined(FA_CPU_BF16_DOT)
+      if constexpr (T == FA_BFLOAT16) {
+        if (cache_vt && (cached_b != b || cached_hk != hk)) {
+          auto* vt = reinterpret_cast<uint16_t*>(vt_cache.data());
+          for (int64_t j0 = 0; j0 < lk; j0 += dm.bk)
+            pack_t<T>(p, p.v, p.v_layout, b, hk, j0, int(std::min<int64_t>(dm.bk, lk - j0)), dm.bk, dm.dv, dm.dvp,
+                      vt + j0 * dm.dvp);
+          cached_b = b;
+          cached_hk = hk;
+        }
+      }
+#endif
       TileMask tm;
       tm.scale = p.scale;
       tm.softcap = p.softcap;
@@ -351,7 +426,10 @@ Error forward_impl(const Problem& p, int threads) {
         B.m = m.data() + size_t(g) * dm.bq;
         B.l = l.data() + size_t(g) * dm.bq;
         B.q_pairs = pairs ? q_pairs + size_t(g) * (dm.dp / 2) * dm.bq : nullptr;
-        load_tile_t<T>(p, p.q, p.q_layout, b, h, B.i0, dm.bq, B.rows, dm.d, dm.dp, dm.bq, B.qt);
+        // The fp32 Q^T serves the fp32 products; bf16 dot products need it only for K tiles they cannot read in
+        // place (a partial last tile, paged K).
+        if (!bf16_dot || p.paged() || lk % dm.bk != 0)
+          load_tile_t<T>(p, p.q, p.q_layout, b, h, B.i0, dm.bq, B.rows, dm.d, dm.dp, dm.bq, B.qt);
 #if defined(FA_CPU_BF16_DOT)
         // bf16: S^T = K Q^T from the bf16 inputs in bf16 dot products (tile_gemm.hpp), Q packed in pairs once here.
         if constexpr (T == FA_BFLOAT16) pack_rows<T>(p, p.q, p.q_layout, b, h, B.i0, B.rows, dm.bq, dm.d, B.q_pairs);
@@ -381,8 +459,10 @@ Error forward_impl(const Problem& p, int threads) {
           ldk = p.k_layout.row;
           ldv = p.v_layout.row;
         } else {
-          load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
-          load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
+          // bf16 dot products read K in place where the tile is full, and V only through V^T.
+          if (!bf16_dot || p.paged() || cols < dm.bk)
+            load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
+          if (!bf16_dot) load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
         }
         for (int g = 0; g < ng; ++g) {
           Block& B = blk[g];
@@ -423,11 +503,19 @@ Error forward_impl(const Problem& p, int threads) {
             vstore(B.m + q, mx);
             vstore(alpha.data() + q, a);
           }
-          for (int r = 0; r < B.rows; ++r) {
-            const float a = alpha.data()[r];
-            if (a != 1.f) {
-              float* orow = B.o + int64_t(r) * dm.dvp;
-              for (int c = 0; c < dm.dvp; ++c) orow[c] *= a;
+          if (pairs) {  // O^T (the bf16 dot-product layout): queries along the vectors
+            for (int c = 0; c < dm.dvp; ++c)
+              for (int q = 0; q < dm.bq; q += kVecFloats) {
+                float* oc = B.o + int64_t(c) * dm.bq + q;
+                vstore(oc, vload(oc) * vload(alpha.data() + q));
+              }
+          } else {
+            for (int r = 0; r < B.rows; ++r) {
+              const float a = alpha.data()[r];
+              if (a != 1.f) {
+                float* orow = B.o + int64_t(r) * dm.dvp;
+                for (int c = 0; c < dm.dvp; ++c) orow[c] *= a;
+              }
             }
           }
           // Dropout after the row sums (the softmax's normaliser counts every key), before P reaches V.
@@ -437,11 +525,13 @@ Error forward_impl(const Problem& p, int threads) {
                 st.data()[int64_t(c) * dm.bq + r] *= p.dropout.factor(b, p.heads_q, h, B.i0 + r, j0 + c);
 #if defined(FA_CPU_BF16_DOT)
           if constexpr (T == FA_BFLOAT16) {
-            // O += P V in bf16 dot products: P rounded to bf16 (as the GPU kernels round it), V in row pairs.
-            pairs_of_rows(st.data(), dm.bq, dm.bk, dm.bq, p_rows, true);  // P (queries x keys)
-            if (!v_packed) pack_row_pairs<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, dm.dvp, v_rp);
+            // O^T += V^T P^T in bf16 dot products: P rounded to bf16 (as the GPU kernels round it) in key pairs of
+            // St's rows, V^T once per tile for the group.
+            key_pairs_of(st.data(), dm.bq, dm.bk, p_pairs);
+            const uint16_t* vt = cache_vt ? reinterpret_cast<const uint16_t*>(vt_cache.data()) + j0 * dm.dvp : v_t;
+            if (!cache_vt && !v_packed) pack_t<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, dm.dvp, v_t);
             v_packed = true;
-            gemm_bf16<true>(dm.bq, dm.dvp, dm.bk, p_rows, dm.bk, v_rp, dm.dvp, B.o, dm.dvp);
+            gemm_bf16<true>(dm.dvp, dm.bq, dm.bk, vt, dm.bk, p_pairs, dm.bq, B.o, dm.bq);
             continue;
           }
 #endif
@@ -466,9 +556,13 @@ Error forward_impl(const Problem& p, int threads) {
             if (lr > 0.f) inv *= std::exp(lse - merged);
             lse = merged;
           }
-          const float* orow = B.o + int64_t(r) * dm.dvp;
           auto* dst = out + p.offset(p.out_layout, b, B.i0 + r, h);
-          for (int c = 0; c < dm.dv; ++c) dst[c] = S::store(orow[c] * inv);
+          if (pairs) {
+            for (int c = 0; c < dm.dv; ++c) dst[c] = S::store(B.o[int64_t(c) * dm.bq + r] * inv);
+          } else {
+            const float* orow = B.o + int64_t(r) * dm.dvp;
+            for (int c = 0; c < dm.dv; ++c) dst[c] = S::store(orow[c] * inv);
+          }
           if (p.lse) p.lse[p.offset(p.lse_layout, b, B.i0 + r, h)] = lse;
         }
       }

@@ -119,8 +119,8 @@ inline __attribute__((always_inline)) void micro_tile_bf16(const uint16_t* __res
 }
 
 template <bool kAccumulate>
-inline void gemm_bf16(int M, int N, int K, const uint16_t* A, int64_t lda, const uint32_t* Bp, int64_t ldb, float* C,
-                      int64_t ldc) {
+inline void gemm_bf16_avx512(int M, int N, int K, const uint16_t* A, int64_t lda, const uint32_t* Bp, int64_t ldb,
+                             float* C, int64_t ldc) {
   for (int m = 0; m < M; m += kRows)
     for (int n = 0; n < N; n += 64) {
       const int nv = (N - n) / 16;
@@ -134,6 +134,88 @@ inline void gemm_bf16(int M, int N, int K, const uint16_t* A, int64_t lda, const
         micro_tile_bf16<1, kAccumulate>(A + m * lda, lda, Bp + n, ldb, K, C + m * ldc + n, ldc);
     }
 }
+
+#if defined(FA_CPU_AMX)
+// AMX-BF16 (Sapphire Rapids and later): the same product on the tile unit, 16 x 16 fp32 C tiles from 16 x 32 bf16
+// A tiles and 16 x 16 pair tiles of B, which is exactly Bp's layout (a row of Bp is a row of k pairs). Tile registers:
+// C blocks of 2 x 2 tiles in 0-3, A in 4-5, B in 6-7. The tiles are configured on every call: the tile state is per
+// thread, and another library (oneDNN in torch) may have configured it differently on the same thread in between.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// A block of kMT x kNT C tiles (16 x 16 each) over K32 (a multiple of 32) of the k range.
+template <int kMT, int kNT, bool kAccumulate>
+inline __attribute__((always_inline)) void amx_block(const uint16_t* A, int64_t lda, const uint32_t* Bp, int64_t ldb,
+                                                     int K32, float* C, int64_t ldc) {
+  const int64_t sa = lda * 2, sb = ldb * 4, sc = ldc * 4;  // row strides in bytes
+  if constexpr (kAccumulate) {
+    _tile_loadd(0, C, sc);
+    if constexpr (kNT == 2) _tile_loadd(1, C + 16, sc);
+    if constexpr (kMT == 2) _tile_loadd(2, C + 16 * ldc, sc);
+    if constexpr (kMT == 2 && kNT == 2) _tile_loadd(3, C + 16 * ldc + 16, sc);
+  } else {
+    _tile_zero(0);
+    if constexpr (kNT == 2) _tile_zero(1);
+    if constexpr (kMT == 2) _tile_zero(2);
+    if constexpr (kMT == 2 && kNT == 2) _tile_zero(3);
+  }
+  for (int k = 0; k < K32; k += 32) {
+    _tile_loadd(4, A + k, sa);
+    if constexpr (kMT == 2) _tile_loadd(5, A + 16 * lda + k, sa);
+    _tile_loadd(6, Bp + (k / 2) * ldb, sb);
+    if constexpr (kNT == 2) _tile_loadd(7, Bp + (k / 2) * ldb + 16, sb);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kNT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kMT == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (kMT == 2 && kNT == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, C, sc);
+  if constexpr (kNT == 2) _tile_stored(1, C + 16, sc);
+  if constexpr (kMT == 2) _tile_stored(2, C + 16 * ldc, sc);
+  if constexpr (kMT == 2 && kNT == 2) _tile_stored(3, C + 16 * ldc + 16, sc);
+}
+
+// gemm_bf16_avx512's contract. Rows in whole tiles (16) and k in whole tiles (32) go to the tile unit; the rest (the
+// k tail of head dims that are no multiple of 32, rows of short blocks) to vdpbf16ps, accumulated onto it.
+template <bool kAccumulate>
+inline void gemm_bf16(int M, int N, int K, const uint16_t* A, int64_t lda, const uint32_t* Bp, int64_t ldb, float* C,
+                      int64_t ldc) {
+  const int m16 = M / 16 * 16, k32 = K / 32 * 32;
+  if (m16 == 0 || k32 == 0) return gemm_bf16_avx512<kAccumulate>(M, N, K, A, lda, Bp, ldb, C, ldc);
+  static const AmxTileConfig config;
+  _tile_loadconfig(&config);
+  for (int m = 0; m < m16; m += 32) {
+    const bool two_m = m + 32 <= m16;
+    for (int n = 0; n < N; n += 32) {
+      const bool two_n = n + 32 <= N;
+      const uint16_t* a = A + int64_t(m) * lda;
+      const uint32_t* b = Bp + n;
+      float* c = C + int64_t(m) * ldc + n;
+      if (two_m && two_n)
+        amx_block<2, 2, kAccumulate>(a, lda, b, ldb, k32, c, ldc);
+      else if (two_m)
+        amx_block<2, 1, kAccumulate>(a, lda, b, ldb, k32, c, ldc);
+      else if (two_n)
+        amx_block<1, 2, kAccumulate>(a, lda, b, ldb, k32, c, ldc);
+      else
+        amx_block<1, 1, kAccumulate>(a, lda, b, ldb, k32, c, ldc);
+    }
+  }
+  if (k32 < K) gemm_bf16_avx512<true>(m16, N, K - k32, A + k32, lda, Bp + int64_t(k32 / 2) * ldb, ldb, C, ldc);
+  if (m16 < M)
+    gemm_bf16_avx512<kAccumulate>(M - m16, N, K, A + int64_t(m16) * lda, lda, Bp, ldb, C + int64_t(m16) * ldc, ldc);
+}
+#else
+template <bool kAccumulate>
+inline void gemm_bf16(int M, int N, int K, const uint16_t* A, int64_t lda, const uint32_t* Bp, int64_t ldb, float* C,
+                      int64_t ldc) {
+  gemm_bf16_avx512<kAccumulate>(M, N, K, A, lda, Bp, ldb, C, ldc);
+}
+#endif
 
 // Bp[(k/2)*N + n] = (R[n][k], R[n][k+1]) for the rows R[n] (n < valid, bf16, k < K) of B^T, zero for n >= valid.
 inline void pack_pairs_t(const uint16_t* const* rows, int valid, int N, int K, uint32_t* Bp) {

@@ -595,7 +595,7 @@ def test_dropout(device, dtype, causal, p):
         z_cuda = dropout_probs(q, k, eye, p, causal, dropout_seed=seed, dropout_offset=offset)
         z_cpu = dropout_probs(q.cpu().float(), k.cpu().float(), eye.cpu().float(), p, causal, dropout_seed=seed,
                               dropout_offset=offset)
-        assert torch.equal(z_cuda != 0, z_cpu != 0)
+        assert torch.equal((z_cuda != 0).cpu(), z_cpu != 0)
 
 
 def dropout_probs(q, k, eye, p, causal, **rng):
