@@ -158,8 +158,8 @@ inline void key_pairs_of(const float* st, int ld, int keys, uint32_t* Bp) {
 // Rows r0 .. r0 + valid of (b, h) of a bf16 tensor transposed, out[c][r] for c < dim and r < rows (row stride rows),
 // zero past valid and from dim to dim_pad: V^T, the A operand of O^T += V^T P^T.
 template <fa_dtype T>
-void pack_t(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int valid, int rows,
-            int dim, int dim_pad, uint16_t* out) {
+void pack_t(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int valid,
+            int rows, int dim, int dim_pad, uint16_t* out) {
   static_assert(T == FA_BFLOAT16);
   const auto* src = static_cast<const uint16_t*>(base);
   std::fill(out, out + int64_t(dim_pad) * rows, uint16_t(0));
@@ -318,8 +318,7 @@ Error forward_impl(const Problem& p, int threads) {
   constexpr int64_t kVtCacheBytes = int64_t(4) << 20;
   const int64_t vt_cache_elems = kv_blocks_max * dm.bk * dm.dvp;
   const bool cache_vt = bf16_dot && vt_cache_elems > 0 && vt_cache_elems * 2 <= kVtCacheBytes;
-  const bool cache_kv =
-      !bf16_dot && kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
+  const bool cache_kv = !bf16_dot && kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
   const int nthreads = thread_count(threads);
   int64_t all_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) all_blocks += (p.len_q(b) + dm.bq - 1) / dm.bq;
