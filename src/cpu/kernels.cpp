@@ -346,7 +346,7 @@ Error forward_impl(const Problem& p, int threads) {
     FloatBuffer qt(gb * dm.dp * dm.bq), k(size_t(dm.bk) * dm.dp), v(size_t(dm.bk) * dm.dvp);
     FloatBuffer st(size_t(dm.bk) * dm.bq), o(gb * dm.bq * dm.dvp), m(gb * dm.bq), l(gb * dm.bq), alpha(dm.bq);
     FloatBuffer kv(cache_kv ? size_t(kv_cache_floats) : 0);
-    PairBuffer vt_cache(cache_vt ? size_t(vt_cache_elems / 2) : 0);
+    PairBuffer vt_cache(cache_vt ? size_t(vt_cache_elems / 2) : 0), k_tile_buf(bf16_dot ? size_t(dm.bk) * dm.d / 2 : 0);
     int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv (or vt_cache) holds
     const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
     // bf16 dot products: Q in pairs, V^T (dvp x bk bf16) and P^T in key pairs (bk / 2 x bq words); O is held
@@ -358,7 +358,7 @@ Error forward_impl(const Problem& p, int threads) {
     (void)q_pairs, (void)v_t, (void)p_pairs;
     const bool ok = qt.data() && k.data() && v.data() && st.data() && o.data() && m.data() && l.data() &&
                     alpha.data() && (!cache_kv || kv.data()) && (!pairs || (q_pairs && v_t && p_pairs)) &&
-                    (!cache_vt || vt_cache.data());
+                    (!cache_vt || vt_cache.data()) && (!bf16_dot || k_tile_buf.data());
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -425,10 +425,8 @@ Error forward_impl(const Problem& p, int threads) {
         B.m = m.data() + size_t(g) * dm.bq;
         B.l = l.data() + size_t(g) * dm.bq;
         B.q_pairs = pairs ? q_pairs + size_t(g) * (dm.dp / 2) * dm.bq : nullptr;
-        // The fp32 Q^T serves the fp32 products; bf16 dot products need it only for K tiles they cannot read in
-        // place (a partial last tile, paged K).
-        if (!bf16_dot || p.paged() || lk % dm.bk != 0)
-          load_tile_t<T>(p, p.q, p.q_layout, b, h, B.i0, dm.bq, B.rows, dm.d, dm.dp, dm.bq, B.qt);
+        // The fp32 Q^T serves the fp32 products only (bf16 dot products read Q in pairs).
+        if (!bf16_dot) load_tile_t<T>(p, p.q, p.q_layout, b, h, B.i0, dm.bq, B.rows, dm.d, dm.dp, dm.bq, B.qt);
 #if defined(FA_CPU_BF16_DOT)
         // bf16: S^T = K Q^T from the bf16 inputs in bf16 dot products (tile_gemm.hpp), Q packed in pairs once here.
         if constexpr (T == FA_BFLOAT16) pack_rows<T>(p, p.q, p.q_layout, b, h, B.i0, B.rows, dm.bq, dm.d, B.q_pairs);
@@ -457,23 +455,40 @@ Error forward_impl(const Problem& p, int threads) {
           vt = static_cast<const float*>(p.v) + p.offset(p.v_layout, b, j0, hk);
           ldk = p.k_layout.row;
           ldv = p.v_layout.row;
-        } else {
-          // bf16 dot products read K in place where the tile is full, and V only through V^T.
-          if (!bf16_dot || p.paged() || cols < dm.bk)
-            load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
-          if (!bf16_dot) load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
+        } else if (!bf16_dot) {
+          load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
+          load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
         }
+        // bf16 dot products: K rows in place for a full contiguous tile, else gathered (zero rows past the keys) so
+        // that every tile takes the same arithmetic (a paged call equals the contiguous one bit for bit); V only
+        // through V^T.
+        const uint16_t* k_bf16 = nullptr;
+        int64_t k_bf16_ld = dm.d;
+        if (bf16_dot) {
+          if (!p.paged() && cols == dm.bk) {
+            k_bf16 = static_cast<const uint16_t*>(p.k) + p.offset(p.k_layout, b, j0, hk);
+            k_bf16_ld = p.k_layout.row;
+          } else {
+            auto* kb = reinterpret_cast<uint16_t*>(k_tile_buf.data());
+            const auto* src = static_cast<const uint16_t*>(p.k);
+            for (int r = 0; r < dm.bk; ++r) {
+              if (r < cols)
+                std::memcpy(kb + int64_t(r) * dm.d, src + p.offset(p.k_layout, b, j0 + r, hk), size_t(dm.d) * 2);
+              else
+                std::fill(kb + int64_t(r) * dm.d, kb + int64_t(r + 1) * dm.d, uint16_t(0));
+            }
+            k_bf16 = kb;
+          }
+        }
+        (void)k_bf16, (void)k_bf16_ld;  // read under FA_CPU_BF16_DOT only
         for (int g = 0; g < ng; ++g) {
           Block& B = blk[g];
           if (j0 < B.first.lo / dm.bk * dm.bk || j0 >= B.last.hi) continue;  // outside this block's tiles
           bool scored = false;
 #if defined(FA_CPU_BF16_DOT)
           if constexpr (T == FA_BFLOAT16) {
-            if (!p.paged() && cols == dm.bk) {  // K rows straight from the input: a full tile at one row stride
-              const auto* k_rows = static_cast<const uint16_t*>(p.k) + p.offset(p.k_layout, b, j0, hk);
-              gemm_bf16<false>(dm.bk, dm.bq, dm.d, k_rows, p.k_layout.row, B.q_pairs, dm.bq, st.data(), dm.bq);
-              scored = true;
-            }
+            gemm_bf16<false>(dm.bk, dm.bq, dm.d, k_bf16, k_bf16_ld, B.q_pairs, dm.bq, st.data(), dm.bq);
+            scored = true;
           }
 #endif
           if (!scored) gemm<false>(dm.bk, dm.bq, dm.dp, kt, ldk, B.qt, dm.bq, st.data(), dm.bq);
