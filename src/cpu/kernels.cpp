@@ -35,6 +35,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+constexpr int kMaxHeadDimPad = 256;  // head dims are at most 256 (a multiple of the vector width)
+
 struct Dims {
   int d, dv, dp, dvp;  // head dims and their padding to the vector width
   int bq, bk;
@@ -188,6 +190,14 @@ void pack_t(const Problem& p, const void* base, const RowLayout& l, int64_t b, i
   for (; r < valid; ++r) {
     const uint16_t* x = src + p.offset(l, b, r0 + r, h);
     for (int c = 0; c < dim; ++c) out[int64_t(c) * rows + r] = x[c];
+  }
+}
+
+// n fp32 values rounded to bf16 (n a multiple of 16), 16 per vector.
+inline void rows_to_bf16(const float* x, int n, uint16_t* out) {
+  for (int i = 0; i < n; i += 16) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<const __m256i&>(v));
   }
 }
 
@@ -632,7 +642,18 @@ Error backward_impl(const Problem& p, int threads) {
         const auto* o = out + p.offset(p.out_layout, b, r, h);
         const auto* g = dout + p.offset(p.dout_layout, b, r, h);
         float acc = 0.f;
-        for (int c = 0; c < dm.dv; ++c) acc += S::load(o[c]) * S::load(g[c]);
+        int c = 0;
+#if defined(FA_CPU_BF16_DOT)
+        if constexpr (T == FA_BFLOAT16) {  // 32 products per vdpbf16ps (exact), summed in fp32
+          __m512 sum = _mm512_setzero_ps();
+          for (; c + 32 <= dm.dv; c += 32)
+            sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(o + c), (__m512bh)_mm512_loadu_si512(g + c));
+          alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns on its undefined operand)
+          _mm512_store_ps(lanes, sum);
+          for (float x : lanes) acc += x;
+        }
+#endif
+        for (; c < dm.dv; ++c) acc += S::load(o[c]) * S::load(g[c]);
         D.data()[h * tq + qrow(b, r)] = acc;
         lse.data()[h * tq + qrow(b, r)] = p.lse[p.offset(p.lse_layout, b, r, h)];
       }
@@ -664,6 +685,11 @@ Error backward_impl(const Problem& p, int threads) {
   // bf16 with dot products reads Q and dO as bf16 (fp32 tiles only for the Q.K^T / dO.V^T of a partial block).
   const bool bf16_dot = T == FA_BFLOAT16 && kHaveBf16Dot;
   const bool cache_qdo = !bf16_dot && cache_floats > 0 && cache_floats * int64_t(sizeof(float)) <= kQdoCacheBytes;
+  // bf16: Q^T and dO^T of the task's (head, query block) pairs in bf16, once per task when they fit (16k rows of
+  // d128), else per use.
+  constexpr int64_t kQgCacheBytes = int64_t(8) << 20;
+  const int64_t qg_cache_elems = heads_per_task * q_blocks_max * dm.bq * (dm.dp + dm.dvp);
+  const bool cache_qg = bf16_dot && qg_cache_elems > 0 && qg_cache_elems * 2 <= kQgCacheBytes;
   bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -674,19 +700,23 @@ Error backward_impl(const Problem& p, int threads) {
         tanh_row(size_t(dm.bk));
     const bool pairs = bf16_dot;
     PairBuffer k_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bk : 0), v_pair_buf(pairs ? size_t(dm.dvp / 2) * dm.bk : 0);
-    // Operands of the three GEMMs of P and dS: P^T, dS^T, dS in bf16 rows; K, Q, dO in row pairs.
-    PairBuffer p_t_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0), ds_t_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0),
+    // Operands of the three GEMMs of P and dS, which run transposed for dK and dV (dV^T += dO^T P, dK^T += Q^T dS:
+    // P and dS in bf16 pairs of their query rows, no transposes of them): P and dS pairs, dS in bf16 rows, K in row
+    // pairs, Q^T and dO^T in bf16 (per block, or cached per task). dk, dv (and dk_head, dv_head) then hold dK^T, dV^T.
+    PairBuffer p_pair_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0), ds_pair_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0),
         ds_r_buf(pairs ? size_t(dm.bq) * dm.bk / 2 : 0), k_rp_buf(pairs ? size_t(dm.bk / 2) * dm.dp : 0),
-        q_rp_buf(pairs ? size_t(dm.bq / 2) * dm.dp : 0), g_rp_buf(pairs ? size_t(dm.bq / 2) * dm.dvp : 0);
+        q_t_buf(pairs ? size_t(dm.bq / 2) * dm.dp : 0), g_t_buf(pairs ? size_t(dm.bq / 2) * dm.dvp : 0),
+        qg_cache(cache_qg ? size_t(qg_cache_elems / 2) : 0), q_pad_buf(pairs ? size_t(dm.bq) * dm.d / 2 : 0),
+        g_pad_buf(pairs ? size_t(dm.bq) * dm.dv / 2 : 0);
     uint32_t *k_pairs = k_pair_buf.data(), *v_pairs = v_pair_buf.data(), *k_rp = k_rp_buf.data(),
-             *q_rp = q_rp_buf.data(), *g_rp = g_rp_buf.data();
-    auto* p_t = reinterpret_cast<uint16_t*>(p_t_buf.data());
-    auto* ds_t = reinterpret_cast<uint16_t*>(ds_t_buf.data());
+             *p_pairs = p_pair_buf.data(), *ds_pairs = ds_pair_buf.data();
     auto* ds_r = reinterpret_cast<uint16_t*>(ds_r_buf.data());
-    (void)k_pairs, (void)v_pairs, (void)k_rp, (void)q_rp, (void)g_rp, (void)p_t, (void)ds_t, (void)ds_r;
-    const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
-                    dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data()) &&
-                    tanh_row.data() && (!pairs || (k_pairs && v_pairs && k_rp && q_rp && g_rp && p_t && ds_t && ds_r));
+    (void)k_pairs, (void)v_pairs, (void)k_rp, (void)p_pairs, (void)ds_pairs, (void)ds_r;
+    const bool ok =
+        q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
+        dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data()) && tanh_row.data() &&
+        (!pairs || (k_pairs && v_pairs && k_rp && p_pairs && ds_pairs && ds_r && q_t_buf.data() && g_t_buf.data() &&
+                    (!cache_qg || qg_cache.data()) && q_pad_buf.data() && g_pad_buf.data()));
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
@@ -705,6 +735,31 @@ Error backward_impl(const Problem& p, int threads) {
       auto g_tile = [&](int64_t h, int64_t qb) {
         return qdo.data() + heads_per_task * q_blocks_max * dm.bq * dm.dp + ((h - h_begin) * nqb + qb) * dm.bq * dm.dvp;
       };
+#if defined(FA_CPU_BF16_DOT)
+      // bf16: Q^T [dp][bq] and dO^T [dvp][bq] of (head, query block), from the cache or packed into q_t / g_t.
+      auto qg_t = [&](int64_t h, int64_t qb, bool fill) {
+        uint16_t* qt16 = reinterpret_cast<uint16_t*>(q_t_buf.data());
+        uint16_t* gt16 = reinterpret_cast<uint16_t*>(g_t_buf.data());
+        if (cache_qg) {
+          auto* base = reinterpret_cast<uint16_t*>(qg_cache.data()) +
+                       ((h - h_begin) * q_blocks_max + qb) * int64_t(dm.bq) * (dm.dp + dm.dvp);
+          qt16 = base;
+          gt16 = base + int64_t(dm.bq) * dm.dp;
+        }
+        if constexpr (T != FA_BFLOAT16) fill = false;
+        if (fill) {
+          const int64_t i0 = qb * dm.bq;
+          const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
+          pack_t<FA_BFLOAT16>(p, p.q, p.q_layout, b, h, i0, rows, dm.bq, dm.d, dm.dp, qt16);
+          pack_t<FA_BFLOAT16>(p, p.dout, p.dout_layout, b, h, i0, rows, dm.bq, dm.dv, dm.dvp, gt16);
+        }
+        return std::pair<const uint16_t*, const uint16_t*>(qt16, gt16);
+      };
+      if constexpr (T == FA_BFLOAT16)
+        if (cache_qg && kb_end > kb_begin)
+          for (int64_t h = h_begin; h < h_end; ++h)
+            for (int64_t qb = 0; qb < nqb; ++qb) qg_t(h, qb, true);
+#endif
       if (cache_qdo && kb_end > kb_begin)
         for (int64_t h = h_begin; h < h_end; ++h)
           for (int64_t qb = 0; qb < nqb; ++qb) {
@@ -716,9 +771,11 @@ Error backward_impl(const Problem& p, int threads) {
       for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
         const int64_t j0 = kb * dm.bk;
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
-        load_tile_t<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, dm.bk, kt.data());
-        load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, kn.data());
-        load_tile_t<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, dm.bk, vt.data());
+        if (!bf16_dot) {  // fp32 operands (bf16 dot products read the bf16 inputs)
+          load_tile_t<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, dm.bk, kt.data());
+          load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, kn.data());
+          load_tile_t<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, dm.bk, vt.data());
+        }
 #if defined(FA_CPU_BF16_DOT)
         // bf16: S = Q K^T and dP = dO V^T from the bf16 inputs in bf16 dot products, K and V packed here.
         if constexpr (T == FA_BFLOAT16) {
@@ -749,20 +806,34 @@ Error backward_impl(const Problem& p, int threads) {
             if (cache_qdo) {
               qt = q_tile(h, i0 / dm.bq);
               gt = g_tile(h, i0 / dm.bq);
-            } else if (!bf16_dot || rows < dm.bq) {
+            } else if (!bf16_dot) {
               load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, qt);
               load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, gt);
             }
             bool scored = false;
 #if defined(FA_CPU_BF16_DOT)
             if constexpr (T == FA_BFLOAT16) {
-              if (rows == dm.bq) {  // Q and dO rows straight from the inputs: a full block at one row stride
-                const auto* q_rows = static_cast<const uint16_t*>(p.q) + p.offset(p.q_layout, b, i0, h);
-                const auto* g_rows = static_cast<const uint16_t*>(p.dout) + p.offset(p.dout_layout, b, i0, h);
-                gemm_bf16<false>(dm.bq, dm.bk, dm.d, q_rows, p.q_layout.row, k_pairs, dm.bk, s.data(), dm.bk);
-                gemm_bf16<false>(dm.bq, dm.bk, dm.dv, g_rows, p.dout_layout.row, v_pairs, dm.bk, dp.data(), dm.bk);
-                scored = true;
+              // Q and dO rows straight from the inputs for a full block at one row stride, else copied into
+              // zero-padded tiles, so that every block takes the same arithmetic.
+              const auto* q_rows = static_cast<const uint16_t*>(p.q) + p.offset(p.q_layout, b, i0, h);
+              const auto* g_rows = static_cast<const uint16_t*>(p.dout) + p.offset(p.dout_layout, b, i0, h);
+              int64_t q_ld = p.q_layout.row, g_ld = p.dout_layout.row;
+              if (rows < dm.bq) {
+                auto* qp = reinterpret_cast<uint16_t*>(q_pad_buf.data());
+                auto* gp = reinterpret_cast<uint16_t*>(g_pad_buf.data());
+                const auto* qsrc = static_cast<const uint16_t*>(p.q);
+                const auto* gsrc = static_cast<const uint16_t*>(p.dout);
+                std::fill(qp, qp + int64_t(dm.bq) * dm.d, uint16_t(0));
+                std::fill(gp, gp + int64_t(dm.bq) * dm.dv, uint16_t(0));
+                for (int r = 0; r < rows; ++r) {
+                  std::memcpy(qp + int64_t(r) * dm.d, qsrc + p.offset(p.q_layout, b, i0 + r, h), size_t(dm.d) * 2);
+                  std::memcpy(gp + int64_t(r) * dm.dv, gsrc + p.offset(p.dout_layout, b, i0 + r, h), size_t(dm.dv) * 2);
+                }
+                q_rows = qp, g_rows = gp, q_ld = dm.d, g_ld = dm.dv;
               }
+              gemm_bf16<false>(dm.bq, dm.bk, dm.d, q_rows, q_ld, k_pairs, dm.bk, s.data(), dm.bk);
+              gemm_bf16<false>(dm.bq, dm.bk, dm.dv, g_rows, g_ld, v_pairs, dm.bk, dp.data(), dm.bk);
+              scored = true;
             }
 #endif
             if (!scored) {
@@ -811,13 +882,12 @@ Error backward_impl(const Problem& p, int threads) {
             if constexpr (T == FA_BFLOAT16) {
               // bf16: P and dS rounded to bf16 (as the GPU kernels round them) and the
               // three GEMMs they feed in bf16 dot products: dV += P^T dO, dK += dS^T Q, dQ += dS K.
-              pairs_of_rows(s.data(), dm.bk, dm.bq, dm.bk, p_t, true);     // P^T (keys x queries)
-              pairs_of_rows(dp.data(), dm.bk, dm.bq, dm.bk, ds_t, true);   // dS^T
-              pairs_of_rows(dp.data(), dm.bk, dm.bq, dm.bk, ds_r, false);  // dS (queries x keys)
-              pack_row_pairs<T>(p, p.dout, p.dout_layout, b, h, i0, rows, dm.bq, dm.dv, dm.dvp, g_rp);
-              pack_row_pairs<T>(p, p.q, p.q_layout, b, h, i0, rows, dm.bq, dm.d, dm.dp, q_rp);
-              gemm_bf16<true>(dm.bk, dm.dvp, dm.bq, p_t, dm.bq, g_rp, dm.dvp, hk_dv, dm.dvp);
-              gemm_bf16<true>(dm.bk, dm.dp, dm.bq, ds_t, dm.bq, q_rp, dm.dp, hk_dk, dm.dp);
+              key_pairs_of(s.data(), dm.bk, dm.bq, p_pairs);    // P in pairs of query rows
+              key_pairs_of(dp.data(), dm.bk, dm.bq, ds_pairs);  // dS likewise
+              rows_to_bf16(dp.data(), dm.bq * dm.bk, ds_r);     // dS (queries x keys)
+              const auto [q_t16, g_t16] = qg_t(h, i0 / dm.bq, !cache_qg);
+              gemm_bf16<true>(dm.dvp, dm.bk, dm.bq, g_t16, dm.bq, p_pairs, dm.bk, hk_dv, dm.bk);
+              gemm_bf16<true>(dm.dp, dm.bk, dm.bq, q_t16, dm.bq, ds_pairs, dm.bk, hk_dk, dm.bk);
               if (rows == dm.bq) {
                 gemm_bf16<true>(dm.bq, dm.dp, dm.bk, ds_r, dm.bk, k_rp, dm.dp, dq_part + qrow(b, i0) * dm.dp, dm.dp);
               } else {
@@ -853,10 +923,15 @@ Error backward_impl(const Problem& p, int threads) {
         }
         for (int c = 0; c < cols; ++c) {
           const int64_t row = krow(b, j0 + c);
-          std::copy(dk.data() + int64_t(c) * dm.dp, dk.data() + int64_t(c + 1) * dm.dp,
-                    dk_acc.data() + (acc_head * tk + row) * dm.dp);
-          std::copy(dv.data() + int64_t(c) * dm.dvp, dv.data() + int64_t(c + 1) * dm.dvp,
-                    dv_acc.data() + (acc_head * tk + row) * dm.dvp);
+          float* dk_row = dk_acc.data() + (acc_head * tk + row) * dm.dp;
+          float* dv_row = dv_acc.data() + (acc_head * tk + row) * dm.dvp;
+          if (pairs) {  // dK^T, dV^T
+            for (int e = 0; e < dm.dp; ++e) dk_row[e] = dk.data()[int64_t(e) * dm.bk + c];
+            for (int e = 0; e < dm.dvp; ++e) dv_row[e] = dv.data()[int64_t(e) * dm.bk + c];
+          } else {
+            std::copy(dk.data() + int64_t(c) * dm.dp, dk.data() + int64_t(c + 1) * dm.dp, dk_row);
+            std::copy(dv.data() + int64_t(c) * dm.dvp, dv.data() + int64_t(c + 1) * dm.dvp, dv_row);
+          }
         }
       }
     }
@@ -869,14 +944,18 @@ Error backward_impl(const Problem& p, int threads) {
   auto* dvo = static_cast<typename S::type*>(p.dv);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t b = 0; b < p.batch; ++b) {
+    // Row sums in a row buffer (the chunks and subgroups in ascending order, as before), vectorised along the row.
+    float sum[kMaxHeadDimPad];
+    auto add_rows = [&](const float* first, int64_t stride, int64_t n, int dim) {
+      std::copy(first, first + dim, sum);
+      for (int64_t i = 1; i < n; ++i)
+        for (int c = 0; c < dim; ++c) sum[c] += first[i * stride + c];
+    };
     for (int64_t r = 0; r < p.len_q(b); ++r)
       for (int64_t h = 0; h < H; ++h) {
         auto* dst = dqo + p.offset(p.dq_layout, b, r, h);
-        for (int c = 0; c < dm.d; ++c) {
-          float acc = 0.f;
-          for (int64_t ch = 0; ch < chunks; ++ch) acc += dq_acc.data()[((ch * H + h) * tq + qrow(b, r)) * dm.dp + c];
-          dst[c] = S::store(acc);
-        }
+        add_rows(dq_acc.data() + (h * tq + qrow(b, r)) * dm.dp, H * tq * dm.dp, chunks, dm.d);
+        for (int c = 0; c < dm.d; ++c) dst[c] = S::store(sum[c]);
       }
     // Keys beyond seqused_k get zero gradients: no query saw them.
     const int64_t rows_k = p.varlen ? p.host_cu_k[b + 1] - p.host_cu_k[b] : p.seqlen_k;
@@ -885,18 +964,15 @@ Error backward_impl(const Problem& p, int threads) {
         auto* dkd = dko + p.offset(p.dk_layout, b, r, hk);
         auto* dvd = dvo + p.offset(p.dv_layout, b, r, hk);
         const bool used = r < p.len_k(b);
-        for (int c = 0; c < dm.d; ++c) {
-          float acc = 0.f;
-          for (int64_t a = hk * subgroups; used && a < (hk + 1) * subgroups; ++a)
-            acc += dk_acc.data()[(a * tk + krow(b, r)) * dm.dp + c];
-          dkd[c] = S::store(acc);
+        if (!used) {
+          for (int c = 0; c < dm.d; ++c) dkd[c] = S::store(0.f);
+          for (int c = 0; c < dm.dv; ++c) dvd[c] = S::store(0.f);
+          continue;
         }
-        for (int c = 0; c < dm.dv; ++c) {
-          float acc = 0.f;
-          for (int64_t a = hk * subgroups; used && a < (hk + 1) * subgroups; ++a)
-            acc += dv_acc.data()[(a * tk + krow(b, r)) * dm.dvp + c];
-          dvd[c] = S::store(acc);
-        }
+        add_rows(dk_acc.data() + (hk * subgroups * tk + krow(b, r)) * dm.dp, tk * dm.dp, subgroups, dm.d);
+        for (int c = 0; c < dm.d; ++c) dkd[c] = S::store(sum[c]);
+        add_rows(dv_acc.data() + (hk * subgroups * tk + krow(b, r)) * dm.dvp, tk * dm.dvp, subgroups, dm.dv);
+        for (int c = 0; c < dm.dv; ++c) dvd[c] = S::store(sum[c]);
       }
   }
   return detail::ok();

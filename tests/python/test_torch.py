@@ -342,9 +342,17 @@ def test_opcheck(device, dtype):
     dout = torch.randn_like(out)
     # The backward has no derivative of its own (no double backward), so it is checked without grads.
     q, k, v = (x.detach() for x in args[:3])
+    options = AttnOptions(*args[3:])
     if can_backward(device):
-        torch.library.opcheck(torch.ops.flashattn.bwd.default,
-                              (dout, q, k, v, out.detach(), lse.detach()) + args[3:-2] + (args[-2].detach(), 0))
+        plain = options._replace(sinks=options.sinks.detach())
+        torch.library.opcheck(torch.ops.flashattn.bwd.default, (dout, q, k, v, out.detach(), lse.detach(), *plain))
+    # Dropout: the seed and offset as the int64 tensor option (the same tensor: the same mask on every call).
+    rng = torch.tensor([5, 7], dtype=torch.int64, device=device)
+    dropout = options._replace(sinks=options.sinks.detach(), dropout_p=0.3, dropout_rng=rng)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, (q, k, v, *dropout))
+    if can_backward(device):
+        out, lse = torch.ops.flashattn.fwd(q, k, v, *dropout)
+        torch.library.opcheck(torch.ops.flashattn.bwd.default, (dout, q, k, v, out, lse, *dropout))
 
 
 class TinyAttention(torch.nn.Module):
