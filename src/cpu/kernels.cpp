@@ -527,13 +527,15 @@ Error forward_impl(const Problem& p, int threads) {
             vstore(B.m + q, mx);
             vstore(alpha.data() + q, a);
           }
-          if (pairs) {  // O^T (the bf16 dot-product layout): queries along the vectors
+          bool rescale = false;  // any row's max moved (later tiles rarely move it)
+          for (int q = 0; q < dm.bq; ++q) rescale |= alpha.data()[q] != 1.f;
+          if (pairs && rescale) {  // O^T (the bf16 dot-product layout): queries along the vectors
             for (int c = 0; c < dm.dvp; ++c)
               for (int q = 0; q < dm.bq; q += kVecFloats) {
                 float* oc = B.o + int64_t(c) * dm.bq + q;
                 vstore(oc, vload(oc) * vload(alpha.data() + q));
               }
-          } else {
+          } else if (!pairs) {
             for (int r = 0; r < B.rows; ++r) {
               const float a = alpha.data()[r];
               if (a != 1.f) {
