@@ -630,35 +630,46 @@ Error backward_impl(const Problem& p, int threads) {
   if (!D.reset(size_t(H * tq)) || !lse.reset(size_t(H * tq)) || !dq_acc.reset(size_t(chunks * H * tq * dm.dp)) ||
       !dk_acc.reset(size_t(acc_heads * tk * dm.dp)) || !dv_acc.reset(size_t(acc_heads * tk * dm.dvp)))
     return detail::backend_error("cpu: out of memory allocating backward accumulators");
-  dq_acc.zero();
-  dk_acc.zero();
-  dv_acc.zero();
+  // The serial parts of the backward are parallel over (sequence, head), not over sequences alone: with one
+  // sequence they ran on one thread, which at 16 threads cost a large share of short backwards.
+  const int64_t zero_chunks = 4 * int64_t(nthreads);
+  for (FloatBuffer* acc : {&dq_acc, &dk_acc, &dv_acc}) {
+    const size_t n = acc == &dq_acc   ? size_t(chunks * H * tq * dm.dp)
+                     : acc == &dk_acc ? size_t(acc_heads * tk * dm.dp)
+                                      : size_t(acc_heads * tk * dm.dvp);
+    float* data = acc->data();
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t z = 0; z < zero_chunks; ++z) {
+      const size_t lo = n * size_t(z) / size_t(zero_chunks), hi = n * size_t(z + 1) / size_t(zero_chunks);
+      std::fill(data + lo, data + hi, 0.f);
+    }
+  }
 
   // D_i = rowsum(dO * O) and the saved LSE, per (head, global row).
   const auto* out = static_cast<const typename S::type*>(p.out);
   const auto* dout = static_cast<const typename S::type*>(p.dout);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t r = 0; r < p.len_q(b); ++r) {
-        const auto* o = out + p.offset(p.out_layout, b, r, h);
-        const auto* g = dout + p.offset(p.dout_layout, b, r, h);
-        float acc = 0.f;
-        int c = 0;
+  for (int64_t bh = 0; bh < p.batch * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    for (int64_t r = 0; r < p.len_q(b); ++r) {
+      const auto* o = out + p.offset(p.out_layout, b, r, h);
+      const auto* g = dout + p.offset(p.dout_layout, b, r, h);
+      float acc = 0.f;
+      int c = 0;
 #if defined(FA_CPU_BF16_DOT)
-        if constexpr (T == FA_BFLOAT16) {  // 32 products per vdpbf16ps (exact), summed in fp32
-          __m512 sum = _mm512_setzero_ps();
-          for (; c + 32 <= dm.dv; c += 32)
-            sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(o + c), (__m512bh)_mm512_loadu_si512(g + c));
-          alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns on its undefined operand)
-          _mm512_store_ps(lanes, sum);
-          for (float x : lanes) acc += x;
-        }
-#endif
-        for (; c < dm.dv; ++c) acc += S::load(o[c]) * S::load(g[c]);
-        D.data()[h * tq + qrow(b, r)] = acc;
-        lse.data()[h * tq + qrow(b, r)] = p.lse[p.offset(p.lse_layout, b, r, h)];
+      if constexpr (T == FA_BFLOAT16) {  // 32 products per vdpbf16ps (exact), summed in fp32
+        __m512 sum = _mm512_setzero_ps();
+        for (; c + 32 <= dm.dv; c += 32)
+          sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(o + c), (__m512bh)_mm512_loadu_si512(g + c));
+        alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns on its undefined operand)
+        _mm512_store_ps(lanes, sum);
+        for (float x : lanes) acc += x;
       }
+#endif
+      for (; c < dm.dv; ++c) acc += S::load(o[c]) * S::load(g[c]);
+      D.data()[h * tq + qrow(b, r)] = acc;
+      lse.data()[h * tq + qrow(b, r)] = p.lse[p.offset(p.lse_layout, b, r, h)];
+    }
   }
   // dsink_h = -sum over rows of e^(sink_h - lse) * D (the sink's probability with dP = 0), in a fixed order.
   if (p.dsinks != nullptr) {
@@ -687,9 +698,9 @@ Error backward_impl(const Problem& p, int threads) {
   // bf16 with dot products reads Q and dO as bf16 (fp32 tiles only for the Q.K^T / dO.V^T of a partial block).
   const bool bf16_dot = T == FA_BFLOAT16 && kHaveBf16Dot;
   const bool cache_qdo = !bf16_dot && cache_floats > 0 && cache_floats * int64_t(sizeof(float)) <= kQdoCacheBytes;
-  // bf16: Q^T and dO^T of the task's (head, query block) pairs in bf16, once per task when they fit (16k rows of
-  // d128), else per use.
-  constexpr int64_t kQgCacheBytes = int64_t(8) << 20;
+  // bf16: Q^T and dO^T of the task's (head, query block) pairs in bf16, once per task when they fit (4k rows of
+  // d128 per thread: tests/test_memory.cpp holds the backward's scratch to the accumulators), else per use.
+  constexpr int64_t kQgCacheBytes = int64_t(2) << 20;
   const int64_t qg_cache_elems = heads_per_task * q_blocks_max * dm.bq * (dm.dp + dm.dvp);
   const bool cache_qg = bf16_dot && qg_cache_elems > 0 && qg_cache_elems * 2 <= kQgCacheBytes;
   bool alloc_failed = false;
@@ -945,7 +956,8 @@ Error backward_impl(const Problem& p, int threads) {
   auto* dko = static_cast<typename S::type*>(p.dk);
   auto* dvo = static_cast<typename S::type*>(p.dv);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t b = 0; b < p.batch; ++b) {
+  for (int64_t bh = 0; bh < p.batch * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
     // Row sums in a row buffer (the chunks and subgroups in ascending order, as before), vectorised along the row.
     float sum[kMaxHeadDimPad];
     auto add_rows = [&](const float* first, int64_t stride, int64_t n, int dim) {
@@ -953,29 +965,30 @@ Error backward_impl(const Problem& p, int threads) {
       for (int64_t i = 1; i < n; ++i)
         for (int c = 0; c < dim; ++c) sum[c] += first[i * stride + c];
     };
-    for (int64_t r = 0; r < p.len_q(b); ++r)
-      for (int64_t h = 0; h < H; ++h) {
-        auto* dst = dqo + p.offset(p.dq_layout, b, r, h);
-        add_rows(dq_acc.data() + (h * tq + qrow(b, r)) * dm.dp, H * tq * dm.dp, chunks, dm.d);
-        for (int c = 0; c < dm.d; ++c) dst[c] = S::store(sum[c]);
-      }
-    // Keys beyond seqused_k get zero gradients: no query saw them.
+    for (int64_t r = 0; r < p.len_q(b); ++r) {
+      auto* dst = dqo + p.offset(p.dq_layout, b, r, h);
+      add_rows(dq_acc.data() + (h * tq + qrow(b, r)) * dm.dp, H * tq * dm.dp, chunks, dm.d);
+      for (int c = 0; c < dm.d; ++c) dst[c] = S::store(sum[c]);
+    }
+    // dK, dV of the KV head of the group's first query head (each KV head once). Keys beyond seqused_k get zero
+    // gradients: no query saw them.
+    if (h % group != 0) continue;
+    const int64_t hk = h / group;
     const int64_t rows_k = p.varlen ? p.host_cu_k[b + 1] - p.host_cu_k[b] : p.seqlen_k;
-    for (int64_t r = 0; r < rows_k; ++r)
-      for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-        auto* dkd = dko + p.offset(p.dk_layout, b, r, hk);
-        auto* dvd = dvo + p.offset(p.dv_layout, b, r, hk);
-        const bool used = r < p.len_k(b);
-        if (!used) {
-          for (int c = 0; c < dm.d; ++c) dkd[c] = S::store(0.f);
-          for (int c = 0; c < dm.dv; ++c) dvd[c] = S::store(0.f);
-          continue;
-        }
-        add_rows(dk_acc.data() + (hk * subgroups * tk + krow(b, r)) * dm.dp, tk * dm.dp, subgroups, dm.d);
-        for (int c = 0; c < dm.d; ++c) dkd[c] = S::store(sum[c]);
-        add_rows(dv_acc.data() + (hk * subgroups * tk + krow(b, r)) * dm.dvp, tk * dm.dvp, subgroups, dm.dv);
-        for (int c = 0; c < dm.dv; ++c) dvd[c] = S::store(sum[c]);
+    for (int64_t r = 0; r < rows_k; ++r) {
+      auto* dkd = dko + p.offset(p.dk_layout, b, r, hk);
+      auto* dvd = dvo + p.offset(p.dv_layout, b, r, hk);
+      const bool used = r < p.len_k(b);
+      if (!used) {
+        for (int c = 0; c < dm.d; ++c) dkd[c] = S::store(0.f);
+        for (int c = 0; c < dm.dv; ++c) dvd[c] = S::store(0.f);
+        continue;
       }
+      add_rows(dk_acc.data() + (hk * subgroups * tk + krow(b, r)) * dm.dp, tk * dm.dp, subgroups, dm.d);
+      for (int c = 0; c < dm.d; ++c) dkd[c] = S::store(sum[c]);
+      add_rows(dv_acc.data() + (hk * subgroups * tk + krow(b, r)) * dm.dvp, tk * dm.dvp, subgroups, dm.dv);
+      for (int c = 0; c < dm.dv; ++c) dvd[c] = S::store(sum[c]);
+    }
   }
   return detail::ok();
 }
