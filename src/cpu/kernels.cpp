@@ -505,21 +505,29 @@ Error forward_impl(const Problem& p, int threads) {
           // The mask can be skipped when every real query sees every key of a full tile: window starts
           // grow with the query index (the last query's start bounds them all), ends likewise (the first's).
           tm.mask = !(cols == dm.bk && B.last.lo <= j0 && B.first.hi >= j0 + dm.bk);
-          logits_tile_t(tm, B.i0, j0, dm.bq, dm.bk, st.data());
+          // A tile without mask, softcap or ALiBi has the logits scale * raw: formed inside the two passes below
+          // (the same products, bit for bit) instead of in a pass of their own over the tile. The row maximum of
+          // the raw scores times the (positive) scale is the maximum of the logits: rounding is monotonic.
+          const bool plain = !tm.mask && tm.softcap == 0.f && tm.slope == 0.f;
+          if (!plain) logits_tile_t(tm, B.i0, j0, dm.bq, dm.bk, st.data());
+          const vfloat to_logit = vbroadcast(plain ? tm.scale : 1.f);
           for (int q = 0; q < dm.bq; q += kVecFloats) {
             // NaN-propagating running max: once a NaN is seen it stays, and the row's output becomes NaN.
-            vfloat mx = vload(B.m + q);
+            vfloat tile_max = vbroadcast(kNegInf);
             for (int c = 0; c < dm.bk; ++c) {
               vfloat x = vload(st.data() + int64_t(c) * dm.bq + q);
-              mx = (x > mx || x != x) ? x : mx;
+              tile_max = (x > tile_max || x != x) ? x : tile_max;
             }
+            tile_max *= to_logit;
+            vfloat mx = vload(B.m + q);
+            mx = (tile_max > mx || tile_max != tile_max) ? tile_max : mx;
             // Rows that have seen no visible key keep m = -inf; subtracting 0 instead keeps exp(-inf) = 0.
             const vfloat m_use = mx == kNegInf ? vfloat{} : mx;
             const vfloat a = exp_nonpositive(vload(B.m + q) - m_use);
             vfloat sum{};
             for (int c = 0; c < dm.bk; ++c) {
               float* sp = st.data() + int64_t(c) * dm.bq + q;
-              vfloat e = exp_nonpositive(vload(sp) - m_use);
+              vfloat e = exp_nonpositive(vload(sp) * to_logit - m_use);
               vstore(sp, e);
               sum += e;
             }
