@@ -141,20 +141,25 @@ void pack_row_pairs(const Problem& p, const void* base, const RowLayout& l, int6
   }
 }
 
+// Two vectors of 16 fp32 values (keys k and k + 1 of 16 queries) as 16 bf16 pair words (key_pairs_of's layout).
+template <class V>
+inline void store_bf16_pairs(uint32_t* dst, V lo, V hi) {
+  const __m256bh a = _mm512_cvtneps_pbh(reinterpret_cast<const __m512&>(lo));
+  const __m256bh c = _mm512_cvtneps_pbh(reinterpret_cast<const __m512&>(hi));
+  const __m512i l = _mm512_maskz_cvtepu16_epi32(0xffff, reinterpret_cast<const __m256i&>(a));
+  const __m512i h =
+      _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, reinterpret_cast<const __m256i&>(c)), 16);
+  _mm512_storeu_si512(dst, _mm512_or_si512(l, h));
+}
+
 // The probabilities of a tile St[key][query] (row stride ld, a multiple of 16; keys even) as gemm_bf16's B operand
 // over the keys, rounded to bf16: Bp[(k/2) * ld + q] = (St[k][q], St[k+1][q]). Pairs of St's rows as they are, 16
 // queries per vector: the forward computes O^T += V^T P^T so that P needs no transpose.
 inline void key_pairs_of(const float* st, int ld, int keys, uint32_t* Bp) {
   for (int k = 0; k < keys; k += 2)
-    for (int q = 0; q < ld; q += 16) {
-      const __m256bh a = _mm512_cvtneps_pbh(_mm512_loadu_ps(st + int64_t(k) * ld + q));
-      const __m256bh c = _mm512_cvtneps_pbh(_mm512_loadu_ps(st + int64_t(k + 1) * ld + q));
-      // (The zero-masked forms: GCC 12 warns that the plain ones' undefined sources may be used uninitialised.)
-      const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xffff, reinterpret_cast<const __m256i&>(a));
-      const __m512i hi =
-          _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, reinterpret_cast<const __m256i&>(c)), 16);
-      _mm512_storeu_si512(Bp + int64_t(k / 2) * ld + q, _mm512_or_si512(lo, hi));
-    }
+    for (int q = 0; q < ld; q += 16)
+      store_bf16_pairs(Bp + int64_t(k / 2) * ld + q, _mm512_loadu_ps(st + int64_t(k) * ld + q),
+                       _mm512_loadu_ps(st + int64_t(k + 1) * ld + q));
 }
 
 // Rows r0 .. r0 + valid of (b, h) of a bf16 tensor transposed, out[c][r] for c < dim and r < rows (row stride rows),
@@ -511,6 +516,8 @@ Error forward_impl(const Problem& p, int threads) {
           const bool plain = !tm.mask && tm.softcap == 0.f && tm.slope == 0.f;
           if (!plain) logits_tile_t(tm, B.i0, j0, dm.bq, dm.bk, st.data());
           const vfloat to_logit = vbroadcast(plain ? tm.scale : 1.f);
+          // bf16 dot products without dropout: the exp pass writes P's key pairs itself.
+          const bool fused_pairs = pairs && !p.dropout.on;
           for (int q = 0; q < dm.bq; q += kVecFloats) {
             // NaN-propagating running max: once a NaN is seen it stays, and the row's output becomes NaN.
             vfloat tile_max = vbroadcast(kNegInf);
@@ -525,7 +532,19 @@ Error forward_impl(const Problem& p, int threads) {
             const vfloat m_use = mx == kNegInf ? vfloat{} : mx;
             const vfloat a = exp_nonpositive(vload(B.m + q) - m_use);
             vfloat sum{};
-            for (int c = 0; c < dm.bk; ++c) {
+#if defined(FA_CPU_BF16_DOT)
+            if (fused_pairs) {  // P straight into its bf16 key pairs (key_pairs_of's layout), St not written back
+              for (int c = 0; c < dm.bk; c += 2) {
+                const float* sp = st.data() + int64_t(c) * dm.bq + q;
+                const vfloat e0 = exp_nonpositive(vload(sp) * to_logit - m_use);
+                const vfloat e1 = exp_nonpositive(vload(sp + dm.bq) * to_logit - m_use);
+                store_bf16_pairs(p_pairs + int64_t(c / 2) * dm.bq + q, e0, e1);
+                sum += e0;
+                sum += e1;
+              }
+            }
+#endif
+            for (int c = 0; c < dm.bk && !fused_pairs; ++c) {
               float* sp = st.data() + int64_t(c) * dm.bq + q;
               vfloat e = exp_nonpositive(vload(sp) * to_logit - m_use);
               vstore(sp, e);
@@ -561,7 +580,7 @@ Error forward_impl(const Problem& p, int threads) {
           if constexpr (T == FA_BFLOAT16) {
             // O^T += V^T P^T in bf16 dot products: P rounded to bf16 (as the GPU kernels round it) in key pairs of
             // St's rows, V^T once per tile for the group.
-            key_pairs_of(st.data(), dm.bq, dm.bk, p_pairs);
+            if (!fused_pairs) key_pairs_of(st.data(), dm.bq, dm.bk, p_pairs);
             const uint16_t* vt = cache_vt ? reinterpret_cast<const uint16_t*>(vt_cache.data()) + j0 * dm.dvp : v_t;
             if (!cache_vt && !v_packed) pack_t<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, dm.dvp, v_t);
             v_packed = true;
