@@ -714,6 +714,32 @@ Error backward_impl(const Problem& p, int threads) {
   }
 
   const int64_t ntasks = p.batch * acc_heads * chunks;
+  // Chunk boundaries per sequence that split the key blocks' work (the query rows that visit each block) evenly: under
+  // a causal mask equal block counts gave the first of two chunks three times the second's work, and with two tasks
+  // per thread the longest task set the time.
+  std::vector<std::vector<int64_t>> chunk_bounds(size_t(p.batch));
+  for (int64_t b = 0; b < p.batch && chunks > 1; ++b) {
+    const int64_t lq = p.len_q(b), lk = p.len_k(b), nkb = (lk + dm.bk - 1) / dm.bk;
+    std::vector<double> work(size_t(nkb), 0.0);
+    for (int64_t i0 = 0; i0 < lq; i0 += dm.bq) {
+      const int64_t rows = std::min<int64_t>(dm.bq, lq - i0);
+      const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk),
+                             last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
+      for (int64_t kb = std::max<int64_t>(0, first.lo / dm.bk); kb < nkb && kb * dm.bk < last.hi; ++kb)
+        work[size_t(kb)] += double(rows);
+    }
+    double total = 0.0;
+    for (double w : work) total += w;
+    std::vector<int64_t>& bounds = chunk_bounds[size_t(b)];
+    bounds.assign(size_t(chunks) + 1, nkb);
+    bounds[0] = 0;
+    double acc = 0.0;
+    int64_t c = 1;
+    for (int64_t kb = 0; kb < nkb && c < chunks; ++kb) {
+      acc += work[size_t(kb)];
+      while (c < chunks && acc >= total * double(c) / double(chunks)) bounds[size_t(c++)] = kb + 1;
+    }
+  }
   // A task visits its heads' query blocks once per key block: their fp32 Q and dO tiles are converted once per
   // task into a per-thread cache when they fit kQdoCacheBytes (one head of 4k d128 rows), else reloaded per block.
   constexpr int64_t kQdoCacheBytes = int64_t(4) << 20;
@@ -768,7 +794,8 @@ Error backward_impl(const Problem& p, int threads) {
       const int64_t hk = acc_head / subgroups, sub = acc_head % subgroups, lq = p.len_q(b), lk = p.len_k(b);
       const int64_t h_begin = hk * group + group * sub / subgroups, h_end = hk * group + group * (sub + 1) / subgroups;
       const int64_t nkb = (lk + dm.bk - 1) / dm.bk;
-      const int64_t kb_begin = nkb * chunk / chunks, kb_end = nkb * (chunk + 1) / chunks;
+      const int64_t kb_begin = chunks > 1 ? chunk_bounds[size_t(b)][size_t(chunk)] : 0;
+      const int64_t kb_end = chunks > 1 ? chunk_bounds[size_t(b)][size_t(chunk + 1)] : nkb;
       const int64_t nqb = (lq + dm.bq - 1) / dm.bq;
       // Q and dO tiles of (head, query block): from the cache, filled here, or loaded into q / g when used.
       auto q_tile = [&](int64_t h, int64_t qb) { return qdo.data() + ((h - h_begin) * nqb + qb) * dm.bq * dm.dp; };
