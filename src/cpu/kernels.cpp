@@ -364,6 +364,9 @@ Error forward_impl(const Problem& p, int threads) {
     PairBuffer vt_cache(cache_vt ? size_t(vt_cache_elems / 2) : 0), k_tile_buf(bf16_dot ? size_t(dm.bk) * dm.d / 2 : 0);
     int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv (or vt_cache) holds
     const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
+#if defined(FA_CPU_AMX)
+    if (pairs) amx_configure();  // this thread's tiles for gemm_bf16 (tile_gemm.hpp)
+#endif
     // bf16 dot products: Q in pairs, V^T (dvp x bk bf16) and P^T in key pairs (bk / 2 x bq words); O is held
     // transposed, O^T[c][q].
     PairBuffer q_pair_buf(pairs ? gb * (dm.dp / 2) * dm.bq : 0), v_t_buf(pairs ? size_t(dm.bk / 2) * dm.dvp : 0),
@@ -765,6 +768,9 @@ Error backward_impl(const Problem& p, int threads) {
         dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp), qdo(cache_qdo ? size_t(cache_floats) : 0),
         tanh_row(size_t(dm.bk));
     const bool pairs = bf16_dot;
+#if defined(FA_CPU_AMX)
+    if (pairs) amx_configure();  // this thread's tiles for gemm_bf16 (tile_gemm.hpp)
+#endif
     PairBuffer k_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bk : 0), v_pair_buf(pairs ? size_t(dm.dvp / 2) * dm.bk : 0);
     // Operands of the three GEMMs of P and dS, which run transposed for dK and dV (dV^T += dO^T P, dK^T += Q^T dS:
     // P and dS in bf16 pairs of their query rows, no transposes of them): P and dS pairs, dS in bf16 rows, K in row

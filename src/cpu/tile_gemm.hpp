@@ -138,14 +138,22 @@ inline void gemm_bf16_avx512(int M, int N, int K, const uint16_t* A, int64_t lda
 #if defined(FA_CPU_AMX)
 // AMX-BF16 (Sapphire Rapids and later): the same product on the tile unit, 16 x 16 fp32 C tiles from 16 x 32 bf16
 // A tiles and 16 x 16 pair tiles of B, which is exactly Bp's layout (a row of Bp is a row of k pairs). Tile registers:
-// C blocks of 2 x 2 tiles in 0-3, A in 4-5, B in 6-7. The tiles are configured on every call: the tile state is per
-// thread, and another library (oneDNN in torch) may have configured it differently on the same thread in between.
+// C blocks of 2 x 2 tiles in 0-3, A in 4-5, B in 6-7.
 struct alignas(64) AmxTileConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
   uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
+
+// The tile configuration is per thread, and another library (oneDNN in torch) may leave a different one on the same
+// thread between our calls: every parallel region that calls gemm_bf16 loads ours first, on each of its threads
+// (once per region, not per GEMM: 4-5% of the bf16 forward at 1k-4k, 2 threads; nothing but our code runs on a thread
+// inside the region). Without it the first tile instruction faults.
+inline void amx_configure() {
+  static const AmxTileConfig config;
+  _tile_loadconfig(&config);
+}
 
 // A block of kMT x kNT C tiles (16 x 16 each) over K32 (a multiple of 32) of the k range.
 template <int kMT, int kNT, bool kAccumulate>
@@ -179,15 +187,14 @@ inline __attribute__((always_inline)) void amx_block(const uint16_t* A, int64_t 
   if constexpr (kMT == 2 && kNT == 2) _tile_stored(3, C + 16 * ldc + 16, sc);
 }
 
-// gemm_bf16_avx512's contract. Rows in whole tiles (16) and k in whole tiles (32) go to the tile unit; the rest (the
-// k tail of head dims that are no multiple of 32, rows of short blocks) to vdpbf16ps, accumulated onto it.
+// gemm_bf16_avx512's contract, on a thread whose parallel region called amx_configure. Rows in whole tiles (16) and k
+// in whole tiles (32) go to the tile unit; the rest (the k tail of head dims that are no multiple of 32, rows of short
+// blocks) to vdpbf16ps, accumulated onto it.
 template <bool kAccumulate>
 inline void gemm_bf16(int M, int N, int K, const uint16_t* A, int64_t lda, const uint32_t* Bp, int64_t ldb, float* C,
                       int64_t ldc) {
   const int m16 = M / 16 * 16, k32 = K / 32 * 32;
   if (m16 == 0 || k32 == 0) return gemm_bf16_avx512<kAccumulate>(M, N, K, A, lda, Bp, ldb, C, ldc);
-  static const AmxTileConfig config;
-  _tile_loadconfig(&config);
   for (int m = 0; m < m16; m += 32) {
     const bool two_m = m + 32 <= m16;
     for (int n = 0; n < N; n += 32) {
