@@ -42,6 +42,7 @@ std::atomic<std::size_t> g_current{0}, g_peak{0};
 struct Kernels {
   detail::Error (*forward)(const detail::Problem&, int);
   detail::Error (*backward)(const detail::Problem&, int);
+  bool bf16_dot = false;  // bf16 problems take bf16 dot products (and the forward its wider key tiles: tiles.hpp)
 };
 
 #if defined(FA_CPU_HAVE_AMX)
@@ -61,11 +62,11 @@ Kernels pick(const std::string& want) {
 #if defined(FA_CPU_HAVE_AMX)
   if (wanted("amx") && avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-tile") &&
       __builtin_cpu_supports("amx-bf16") && amx_granted())
-    return {amx::forward, amx::backward};
+    return {amx::forward, amx::backward, true};
 #endif
 #if defined(FA_CPU_HAVE_AVX512BF16)
   if (wanted("avx512bf16") && avx512 && __builtin_cpu_supports("avx512bf16"))
-    return {avx512bf16::forward, avx512bf16::backward};
+    return {avx512bf16::forward, avx512bf16::backward, true};
 #endif
 #if defined(FA_CPU_HAVE_AVX512)
   if (wanted("avx512") && avx512) return {avx512::forward, avx512::backward};
@@ -173,13 +174,14 @@ detail::Error backward(const detail::Problem& p, const fa_exec& e) {
   return kernels().backward(p, e.num_threads);
 }
 detail::TileShape tile_shape(const detail::Problem& p) {
-  CpuTiles t = cpu_tiles(p.head_dim);
+  const CpuTiles t = cpu_tiles(p.head_dim, p.dtype == FA_BFLOAT16 && kernels().bf16_dot);
   return {t.block_q, t.block_k};
 }
-// Both directions walk the same tiles; the scratch is host memory, not a device workspace.
-detail::Error plan(const detail::Problem& p, const fa_exec&, detail::Direction, detail::PlanInfo* out) {
+// The tiles of the direction (tiles.hpp); the scratch is host memory, not a device workspace.
+detail::Error plan(const detail::Problem& p, const fa_exec&, detail::Direction dir, detail::PlanInfo* out) {
   if (detail::Error err = check_lengths(p); !err.ok()) return err;
-  const CpuTiles t = cpu_tiles(p.head_dim);
+  const CpuTiles t =
+      cpu_tiles(p.head_dim, dir == detail::Direction::kForward && p.dtype == FA_BFLOAT16 && kernels().bf16_dot);
   *out = detail::PlanInfo{};
   out->kernels = "cpu";
   out->block_q = t.block_q;

@@ -42,8 +42,8 @@ struct Dims {
   int bq, bk;
 };
 
-Dims dims_of(const Problem& p) {
-  CpuTiles t = cpu_tiles(p.head_dim);
+Dims dims_of(const Problem& p, bool bf16_dot_forward = false) {
+  CpuTiles t = cpu_tiles(p.head_dim, bf16_dot_forward);
   return {int(p.head_dim),
           int(p.head_dim_v),
           round_up(int(p.head_dim), kVecFloats),
@@ -309,7 +309,7 @@ inline void logits_tile_t(const TileMask& t, int64_t i0, int64_t j0, int bq, int
 
 template <fa_dtype T>
 Error forward_impl(const Problem& p, int threads) {
-  const Dims dm = dims_of(p);
+  const Dims dm = dims_of(p, T == FA_BFLOAT16 && kHaveBf16Dot);
   const int64_t group = p.group();
   // Every query block of a (sequence, KV head) reads the same K/V tiles: a thread keeps the fp32 tiles of the last
   // (sequence, KV head) it converted when they fit kKvCacheBytes (4k keys of d128), and tasks run KV-head-major
