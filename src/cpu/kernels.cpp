@@ -206,18 +206,6 @@ inline void rows_to_bf16(const float* x, int n, uint16_t* out) {
   }
 }
 
-// An fp32 tile x[rows][cols] (row stride ld) rounded to bf16 rows for gemm_bf16's A operand: transposed, out[c][r]
-// (cols rows of `rows` elements), or as it is, out[r][c].
-inline void pairs_of_rows(const float* x, int ld, int rows, int cols, uint16_t* out, bool transpose) {
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
-      const uint16_t v = float_to_bf16(x[int64_t(r) * ld + c]);
-      if (transpose)
-        out[int64_t(c) * rows + r] = v;
-      else
-        out[int64_t(r) * cols + c] = v;
-    }
-}
 #endif
 
 // Turns raw q.k products of one row into logits: scale, softcap, ALiBi, mask. With softcap, `capped` (when given)
