@@ -42,7 +42,7 @@ std::atomic<std::size_t> g_current{0}, g_peak{0};
 struct Kernels {
   detail::Error (*forward)(const detail::Problem&, int);
   detail::Error (*backward)(const detail::Problem&, int);
-  bool bf16_dot = false;  // bf16 problems take bf16 dot products (and the forward its wider key tiles: tiles.hpp)
+  bool bf16_dot = false;  // bf16 problems take bf16 dot products (and the wider key tiles: tiles.hpp)
 };
 
 #if defined(FA_CPU_HAVE_AMX)
@@ -177,11 +177,10 @@ detail::TileShape tile_shape(const detail::Problem& p) {
   const CpuTiles t = cpu_tiles(p.head_dim, p.dtype == FA_BFLOAT16 && kernels().bf16_dot);
   return {t.block_q, t.block_k};
 }
-// The tiles of the direction (tiles.hpp); the scratch is host memory, not a device workspace.
-detail::Error plan(const detail::Problem& p, const fa_exec&, detail::Direction dir, detail::PlanInfo* out) {
+// Both directions walk the same tiles (tiles.hpp); the scratch is host memory, not a device workspace.
+detail::Error plan(const detail::Problem& p, const fa_exec&, detail::Direction, detail::PlanInfo* out) {
   if (detail::Error err = check_lengths(p); !err.ok()) return err;
-  const CpuTiles t =
-      cpu_tiles(p.head_dim, dir == detail::Direction::kForward && p.dtype == FA_BFLOAT16 && kernels().bf16_dot);
+  const CpuTiles t = cpu_tiles(p.head_dim, p.dtype == FA_BFLOAT16 && kernels().bf16_dot);
   *out = detail::PlanInfo{};
   out->kernels = "cpu";
   out->block_q = t.block_q;

@@ -42,8 +42,8 @@ struct Dims {
   int bq, bk;
 };
 
-Dims dims_of(const Problem& p, bool bf16_dot_forward = false) {
-  CpuTiles t = cpu_tiles(p.head_dim, bf16_dot_forward);
+Dims dims_of(const Problem& p, bool bf16_dot = false) {
+  CpuTiles t = cpu_tiles(p.head_dim, bf16_dot);
   return {int(p.head_dim),
           int(p.head_dim_v),
           round_up(int(p.head_dim), kVecFloats),
@@ -113,7 +113,7 @@ template <fa_dtype T>
 void pack_rows(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int valid,
                int n, int dim, uint32_t* Bp) {
   static_assert(T == FA_BFLOAT16);
-  constexpr int kMaxRows = 64;  // a tile's rows (cpu_tiles)
+  constexpr int kMaxRows = 128;  // a tile's rows (cpu_tiles: at most 128)
   const uint16_t* rows[kMaxRows];
   const auto* src = static_cast<const uint16_t*>(base);
   valid = std::min(valid, kMaxRows);
@@ -619,7 +619,7 @@ Error forward_impl(const Problem& p, int threads) {
 template <fa_dtype T>
 Error backward_impl(const Problem& p, int threads) {
   using S = Storage<T>;
-  const Dims dm = dims_of(p);
+  const Dims dm = dims_of(p, T == FA_BFLOAT16 && kHaveBf16Dot);
   const int64_t group = p.group(), H = p.heads_q;
   const int nthreads = thread_count(threads);
   const int64_t tq = p.total_q, tk = p.total_k;
