@@ -43,7 +43,7 @@ struct Dims {
 };
 
 Dims dims_of(const Problem& p, bool bf16_dot = false) {
-  CpuTiles t = cpu_tiles(p.head_dim, bf16_dot);
+  CpuTiles t = cpu_tiles(p.head_dim, bf16_dot, p.has_window());
   return {int(p.head_dim),
           int(p.head_dim_v),
           round_up(int(p.head_dim), kVecFloats),
@@ -113,7 +113,7 @@ template <fa_dtype T>
 void pack_rows(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int valid,
                int n, int dim, uint32_t* Bp) {
   static_assert(T == FA_BFLOAT16);
-  constexpr int kMaxRows = 128;  // a tile's rows (cpu_tiles: at most 128)
+  constexpr int kMaxRows = 256;  // a tile's rows (cpu_tiles: at most 256)
   const uint16_t* rows[kMaxRows];
   const auto* src = static_cast<const uint16_t*>(base);
   valid = std::min(valid, kMaxRows);

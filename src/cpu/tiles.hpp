@@ -12,11 +12,15 @@ struct CpuTiles {
 };
 
 // 64 x 64 fp32 tiles keep Q, K, V, O and S of one block (<= 4 x 64 KB at head_dim 256) inside a core's L2. bf16 with
-// bf16 dot products (the amx and avx512bf16 builds) takes 128 keys in both directions: the AMX products whose
-// reduction runs over the keys (the forward's O^T += V^T P^T, the backward's dQ += dS K) then run 4 k-steps per round
-// trip of their fp32 C tiles instead of 2 (2 threads on an AMX Xeon, 2k tokens: forward d64 +3%, d128 0 to -3%, d256
-// +8-15%; backward +8-22%: bench/results/2026-12-02_cpu_xeon_amx_session16.md).
-constexpr CpuTiles cpu_tiles(int64_t /*head_dim*/, bool bf16_dot = false) { return {64, bf16_dot ? 128 : 64}; }
+// bf16 dot products (the amx and avx512bf16 builds) takes wider key tiles in both directions: the AMX products whose
+// reduction runs over the keys (the forward's O^T += V^T P^T, the backward's dQ += dS K) then run more k-steps per
+// round trip of their fp32 C tiles. 128 keys against 64 (2 threads on an AMX Xeon, 2k tokens): forward d64 +3%, d128
+// 0 to -3%, d256 +8-15%; backward +8-22%. 256 keys against 128 (d128, 1k/4k): without a mask forward +6%, backward
+// +15%; under a causal mask the wider tiles carry more masked keys (1k: forward -5%, backward -8%), so masked
+// problems keep 128 (bench/results/2026-12-02_cpu_xeon_amx_session16.md).
+constexpr CpuTiles cpu_tiles(int64_t /*head_dim*/, bool bf16_dot = false, bool windowed = false) {
+  return {64, !bf16_dot ? 64 : windowed ? 128 : 256};
+}
 
 // Scratch accounting: every allocation the CPU backend makes goes through these, so tests can check that
 // extra memory stays linear in the sequence length.
