@@ -171,19 +171,14 @@ void pack_t(const Problem& p, const void* base, const RowLayout& l, int64_t b, i
   const auto* src = static_cast<const uint16_t*>(base);
   std::fill(out, out + int64_t(dim_pad) * rows, uint16_t(0));
   int r = 0;
-  // 16 rows at a time: a gather of the column pairs (c, c + 1) of 16 rows, split into output rows c and c + 1. The
-  // rows' offsets from the first must fit the gather's int32 indices (paged rows on far pages take the scalar loop).
+  // 16 rows at a time: a gather of the column pairs (c, c + 1) of 16 rows (tile_gemm.hpp's gather_offsets16), split
+  // into output rows c and c + 1.
   for (; r + 16 <= valid; r += 16) {
-    const uint16_t* x0 = src + p.offset(l, b, r0 + r, h);
-    alignas(64) int32_t idx[16];
-    bool fits = true;
-    for (int i = 0; i < 16; ++i) {
-      const int64_t d = (src + p.offset(l, b, r0 + r + i, h)) - x0;
-      fits &= d >= -(int64_t(1) << 30) && d < (int64_t(1) << 30);
-      idx[i] = int32_t(d);
-    }
-    if (!fits) break;
-    const __m512i rows16 = _mm512_load_si512(idx);
+    const uint16_t* row[16];
+    for (int i = 0; i < 16; ++i) row[i] = src + p.offset(l, b, r0 + r + i, h);
+    const uint16_t* x0 = row[0];
+    __m512i rows16;
+    if (!gather_offsets16(row, 16, &rows16)) break;
     for (int c = 0; c < dim; c += 2) {
       const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, rows16, x0 + c, 2);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + int64_t(c) * rows + r),

@@ -225,21 +225,26 @@ inline void gemm_bf16(int M, int N, int K, const uint16_t* A, int64_t lda, const
 #endif
 
 // Bp[(k/2)*N + n] = (R[n][k], R[n][k+1]) for the rows R[n] (n < valid, bf16, k < K) of B^T, zero for n >= valid.
+// The element offsets of rows[0 .. lanes) (lanes <= 16) from rows[0] as the int32 indices of a 16-lane gather (lanes
+// past `lanes` 0), or false when one does not fit (rows on far pages: the callers' scalar loops take them).
+inline bool gather_offsets16(const uint16_t* const* rows, int lanes, __m512i* offsets) {
+  alignas(64) int32_t idx[16] = {};
+  for (int i = 0; i < lanes; ++i) {
+    const int64_t d = rows[i] - rows[0];
+    if (d < -(int64_t(1) << 30) || d >= (int64_t(1) << 30)) return false;
+    idx[i] = int32_t(d);
+  }
+  *offsets = _mm512_load_si512(idx);
+  return true;
+}
+
 inline void pack_pairs_t(const uint16_t* const* rows, int valid, int N, int K, uint32_t* Bp) {
-  // 16 rows at a time: one gather of their pair k2 (offsets from the group's first row as int32 indices; rows on far
-  // pages take the scalar loop), rows past `valid` masked to zero.
+  // 16 rows at a time: one gather of their pair k2, rows past `valid` masked to zero.
   int n0 = 0;
   for (; n0 + 16 <= N && n0 < valid; n0 += 16) {
-    alignas(64) int32_t idx[16] = {};
-    bool fits = true;
     const int lanes = valid - n0 < 16 ? valid - n0 : 16;
-    for (int i = 0; i < lanes; ++i) {
-      const int64_t d = rows[n0 + i] - rows[n0];
-      fits &= d >= -(int64_t(1) << 30) && d < (int64_t(1) << 30);
-      idx[i] = int32_t(d);
-    }
-    if (!fits) break;
-    const __m512i offsets = _mm512_load_si512(idx);
+    __m512i offsets;
+    if (!gather_offsets16(rows + n0, lanes, &offsets)) break;
     const __mmask16 live = __mmask16((1u << lanes) - 1u);
     for (int k2 = 0; k2 < K / 2; ++k2)
       _mm512_storeu_si512(Bp + int64_t(k2) * N + n0,

@@ -410,20 +410,27 @@ def test_torch_compile_fullgraph(device, dtype, backend):
         assert max_err(a, b) <= tol * max(1.0, b.abs().max().item())
 
 
+def capture(step):
+    """A CUDA graph of step() and the outputs of its capture: two warm-up calls on a side stream first, as
+    torch.cuda.graphs requires."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_results = step()
+    return graph, static_results
+
+
 @requires_cuda
 def test_cuda_graph_forward_capture_and_replay():
     dtype, device = torch.bfloat16, "cuda"
     shape = (2, 64, 4, 64)
     static = [make(shape, dtype, device, s, requires_grad=False) for s in (50, 51, 52)]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            flash_attn_func(*static, causal=True, window_size=(32, -1))
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = flash_attn_func(*static, causal=True, window_size=(32, -1))
+    graph, static_out = capture(lambda: flash_attn_func(*static, causal=True, window_size=(32, -1)))
     for seed in (60, 70):
         fresh = [make(shape, dtype, device, seed + i, requires_grad=False) for i in range(3)]
         for s, f in zip(static, fresh):
@@ -445,15 +452,7 @@ def test_cuda_graph_capture_and_replay():
         out = flash_attn_func(*static, causal=True)
         return (out,) + torch.autograd.grad(out, static, static_dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs requires
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_results = step()
+    graph, static_results = capture(step)
     for seed in (30, 40):
         fresh = [make(shape, dtype, device, seed + i, requires_grad=False) for i in range(3)]
         dout = make(shape, dtype, device, seed + 3, requires_grad=False)
@@ -673,15 +672,7 @@ def test_cuda_graph_dropout_draws_per_replay():
         z = flash_attn_func(q, k, eye, dropout_p=p)
         return (z,) + torch.autograd.grad(z, (q, k), dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture(step)
     probs, _ = math_attention(q, k, eye)
     masks = []
     for _ in range(2):
