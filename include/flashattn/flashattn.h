@@ -237,6 +237,24 @@ typedef struct fa_kvcache_params {
 } fa_kvcache_params;
 fa_status fa_kvcache_append(const fa_kvcache_params* params, const fa_exec* exec);
 
+/* Merge of attention partials (ring attention, attention over several caches or key ranges): (out, lse) and
+ * (out_b, lse_b) are attentions of the same queries over disjoint key sets, and (out, lse) becomes the attention
+ * over their union, exactly as if computed at once:
+ *   lse' = log(e^lse + e^lse_b),   out' = e^(lse - lse') out + e^(lse_b - lse') out_b,
+ * in float32, the rule the split-KV combine uses too. A part whose lse is -inf saw no key: weight 0, and its out is
+ * not read; a row neither part saw gets out 0 and lse -inf; a NaN in either lse makes the row NaN. Layouts are
+ * fa_forward's outputs':
+ *   batched  out, out_b (B, S, H, Dv), lse, lse_b (B, H, S)
+ *   varlen   out, out_b (T, H, Dv),    lse, lse_b (H, T)
+ * out float32, float16 or bfloat16 (float32 keeps a ring's running sum unrounded), out_b any of the three, lse and
+ * lse_b float32; any strides with a unit last one for out and out_b. (out, lse) is read and written in place and
+ * must not overlap (out_b, lse_b) or each other. CPU and CUDA tensors (all on one device; CUDA: in stream order). */
+typedef struct fa_merge_params {
+  fa_tensor out, lse;     /* the running partial: read, then written with the merge */
+  fa_tensor out_b, lse_b; /* the partial merged into it: read */
+} fa_merge_params;
+fa_status fa_merge_partials(const fa_merge_params* params, const fa_exec* exec);
+
 /* Contiguous view helper: strides filled row-major. */
 fa_tensor fa_make_tensor(void* data, fa_dtype dtype, fa_device device, int ndim, const int64_t* shape);
 

@@ -50,6 +50,15 @@ inline Status kvcache_append(const KvcacheParams& p, const Exec& e = fa_exec_def
   return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
 }
 
+using MergeParams = fa_merge_params;
+
+// (out_b, lse_b) merged into (out, lse) in place: the attention over both parts' keys (flashattn.h,
+// fa_merge_partials).
+inline Status merge_partials(const MergeParams& p, const Exec& e = fa_exec_default()) {
+  fa_status c = fa_merge_partials(&p, &e);
+  return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
+}
+
 using PlanInfo = fa_plan_info;
 
 // The plan of a call (which kernels, tiles, splits, workspace) without running it.

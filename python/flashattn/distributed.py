@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import ops as _ops
 from .interface import AttnOptions, _bwd_impl, _fwd_impl, _kernel_layout, _pad_head_dim
 from .ops import window_pair
 
@@ -65,14 +66,10 @@ def _chunk_sizes(total: int, n: int) -> List[int]:
 
 def merge_partials(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """Exact merge of two attentions of the same queries over disjoint key sets: out (B, S, H, D), lse (B, H, S),
-    returned in fp32. A row that saw no key in one part (lse -inf) takes the other part; in neither, 0 and -inf."""
-    out, out_b, lse, lse_b = out.float(), out_b.float(), lse.float(), lse_b.float()
-    lse_new = torch.logaddexp(lse, lse_b)
-    # A row with -inf in both keeps -inf; its weights are then 0 (not NaN).
-    finite = torch.isfinite(lse_new)
-    w_a = torch.where(finite, torch.exp(lse - lse_new), torch.zeros_like(lse)).transpose(1, 2).unsqueeze(-1)
-    w_b = torch.where(finite, torch.exp(lse_b - lse_new), torch.zeros_like(lse)).transpose(1, 2).unsqueeze(-1)
-    return out * w_a + out_b * w_b, lse_new
+    returned in fp32 (new tensors; the ring merges in place with ``flashattn.ops.merge_partials``, the C ABI's
+    fa_merge_partials). A row that saw no key in one part (lse -inf) takes the other part; in neither, 0 and -inf."""
+    merged, merged_lse = out.float().clone(), lse.float().clone()
+    return _ops.merge_partials(merged, merged_lse, out_b, lse_b.float())
 
 
 class _Ring:
@@ -251,7 +248,7 @@ class _RingAttention(torch.autograd.Function):
                 pending = ring.exchange((k_cur, v_cur), (ring.rank - step - 1) % ring.world)
             for qs, ks, mask in _pieces(ring, src, causal, window):
                 o_b, l_b = _block_fwd(q[:, qs], k_cur[:, ks], v_cur[:, ks], mask, scale, softcap)
-                out[:, qs], lse[:, :, qs] = merge_partials(out[:, qs], lse[:, :, qs], o_b, l_b)
+                _ops.merge_partials(out[:, qs], lse[:, :, qs], o_b, l_b)  # in place, fp32
             if pending is not None:
                 _wait(pending[0])
                 k_cur, v_cur = pending[1]

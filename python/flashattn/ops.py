@@ -33,6 +33,7 @@ __all__ = [
     "forward",
     "backward",
     "quantize_fp8",
+    "merge_partials",
     "causal_alignment_code",
     "backend_code",
     "backend_name",
@@ -280,3 +281,18 @@ def quantize_fp8(x, *, out=None, descale=None, hadamard=False, seed=0, stream=0)
     _C.quantize_fp8(_export(x), _export(raw), _export(descale), hadamard=bool(hadamard), seed=int(seed),
                     stream=int(stream))
     return out, descale
+
+
+def merge_partials(out, lse, out_b, lse_b, *, stream=0):
+    """Merges the attention partial (out_b, lse_b) into (out, lse) in place (flashattn.h, fa_merge_partials): both
+    are attentions of the same queries over disjoint key sets, and (out, lse) becomes the attention over their
+    union, ``lse' = logaddexp(lse, lse_b)``, ``out' = out e^(lse - lse') + out_b e^(lse_b - lse')`` in float32.
+    Layouts are the forward's outputs' (batched out (B, S, H, Dv), lse (B, H, S); varlen (T, H, Dv), (H, T)); out
+    float32/float16/bfloat16 (float32 keeps a running sum unrounded), lse float32; strided views are fine. A part
+    with lse -inf saw no key and is not read. Returns ``(out, lse)``."""
+    torch = sys.modules.get("torch") if type(out).__module__.startswith("torch") else None
+    if torch is not None and isinstance(out, torch.Tensor) and out.device.type == "cuda" and not stream:
+        stream = torch.cuda.current_stream(out.device).cuda_stream
+    _check_numpy(dict(out=out, lse=lse, out_b=out_b, lse_b=lse_b), ("out", "lse"))
+    _C.merge_partials(_export(out), _export(lse), _export(out_b), _export(lse_b), stream=int(stream))
+    return out, lse

@@ -242,6 +242,23 @@ void quantize_fp8(const In& x, const Out& out, const Out& descale, bool hadamard
   if (status != FA_OK) raise_status(status);
 }
 
+// fa_merge_partials: (out_b, lse_b) merged into (out, lse) in place.
+void merge_partials(const Out& out, const Out& lse, const In& out_b, const In& lse_b, uintptr_t stream) {
+  fa_merge_params p{};
+  p.out = view("out", out);
+  p.lse = view("lse", lse);
+  p.out_b = view("out_b", out_b);
+  p.lse_b = view("lse_b", lse_b);
+  fa_exec e = fa_exec_default();
+  e.stream = reinterpret_cast<void*>(stream);
+  fa_status status;
+  {
+    nb::gil_scoped_release release;
+    status = fa_merge_partials(&p, &e);
+  }
+  if (status != FA_OK) raise_status(status);
+}
+
 // The backend fa_forward would run for an array on q's device ("cpu", "cuda-sm80", "cuda-sm90", "none").
 std::string backend_name(const In& q, int backend) {
   fa_fwd_params p{};
@@ -293,6 +310,10 @@ NB_MODULE(_C, m) {
   m.def("quantize_fp8", &quantize_fp8, nb::arg("x"), nb::arg("out"), nb::arg("descale"), nb::kw_only(),
         nb::arg("hadamard") = false, nb::arg("seed") = 0, nb::arg("stream") = 0,
         "fa_quantize_fp8: out (8-bit storage of float8_e4m3fn) and descale (B, H) float32 from x (B, S, H, D).");
+
+  m.def("merge_partials", &merge_partials, nb::arg("out"), nb::arg("lse"), nb::arg("out_b"), nb::arg("lse_b"),
+        nb::kw_only(), nb::arg("stream") = 0,
+        "fa_merge_partials: (out, lse) becomes the attention over its keys and out_b's (in place).");
 
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::kw_only(),

@@ -120,9 +120,9 @@ Error prepare(const fa_attention& a, const fa_tensor& out, const fa_tensor& lse,
   return validate(a, out, lse, dout, dq, dk, dv, dir, (*backend)->requirements, hq, hk, hu, problem, dsinks);
 }
 
-// The calls beside the attention (fa_quantize_fp8, fa_kvcache_append): their validation, then the implementation
-// for the tensors' device, under the rules of exec.backend. `tensor` names the argument whose device decides; cuda
-// is null in builds without CUDA.
+// The calls beside the attention (fa_quantize_fp8, fa_kvcache_append, fa_merge_partials): their validation, then the
+// implementation for the tensors' device, under the rules of exec.backend. `tensor` names the argument whose device
+// decides; cuda is null in builds without CUDA.
 template <class Params, class P>
 fa_status run_beside_attention(const Params* params, const fa_exec* exec, const char* tensor,
                                Error (*validate_params)(const Params&, P*), Error (*cpu)(const P&),
@@ -307,6 +307,15 @@ fa_status fa_quantize_fp8(const fa_quantize_params* params, const fa_exec* exec)
 
 fa_status fa_kvcache_append(const fa_kvcache_params* params, const fa_exec* exec) {
   return run_beside_attention(params, exec, "k_cache", validate_kvcache, kvcache_append_cpu, kvcache_cuda_missing);
+}
+
+fa_status fa_merge_partials(const fa_merge_params* params, const fa_exec* exec) {
+#ifdef FLASHATTN_WITH_CUDA
+  Error (*cuda)(const MergeProblem&, void*) = merge_partials_cuda;
+#else
+  Error (*cuda)(const MergeProblem&, void*) = nullptr;
+#endif
+  return run_beside_attention(params, exec, "out", validate_merge, merge_partials_cpu, cuda);
 }
 
 int fa_hadamard_sign(uint64_t seed, int c) { return hadamard_sign(seed, c); }

@@ -32,6 +32,8 @@ const Backend& cpu_backend();
 Error quantize_fp8_cpu(const QuantizeProblem& p);
 // fa_kvcache_append on the CPU (src/cpu/kvcache.cpp).
 Error kvcache_append_cpu(const KvcacheProblem& p);
+// fa_merge_partials on the CPU (src/cpu/merge.cpp).
+Error merge_partials_cpu(const MergeProblem& p);
 
 #ifdef FLASHATTN_WITH_CUDA
 // src/cuda/dispatch.cu: the CUDA backend for `requested` (AUTO picks by the device's architecture), or an
@@ -42,6 +44,8 @@ Error copy_int32_to_host(const fa_tensor& t, void* stream, std::vector<int32_t>*
 bool cuda_device_present();
 // fa_quantize_fp8 on CUDA (src/cuda/quantize_fp8.cu), in stream order.
 Error quantize_fp8_cuda(const QuantizeProblem& p, void* stream);
+// fa_merge_partials on CUDA (src/cuda/merge.cu), in stream order.
+Error merge_partials_cuda(const MergeProblem& p, void* stream);
 #endif
 
 }  // namespace flashattn::detail

@@ -148,6 +148,24 @@ struct QuantizeProblem {
 };
 Error validate_quantize(const fa_quantize_params& params, QuantizeProblem* problem);
 
+// fa_merge_partials (flashattn.h), validated: rows (batch, position) x heads of out (read and written) and out_b,
+// their log-sum-exps in lse and lse_b. Element strides; varlen tensors have batch 1 and stride 0 there.
+struct MergeProblem {
+  fa_device device = FA_DEVICE_CPU;
+  int device_index = 0;
+  fa_dtype out_dtype = FA_FLOAT32, out_b_dtype = FA_FLOAT32;
+  int64_t batch = 0, seqlen = 0, heads = 0, dim = 0;
+  void* out = nullptr;
+  const void* out_b = nullptr;
+  float* lse = nullptr;
+  const float* lse_b = nullptr;
+  int64_t out_batch = 0, out_row = 0, out_head = 0;  // the last stride is 1
+  int64_t out_b_batch = 0, out_b_row = 0, out_b_head = 0;
+  int64_t lse_batch = 0, lse_head = 0, lse_row = 0;
+  int64_t lse_b_batch = 0, lse_b_head = 0, lse_b_row = 0;
+};
+Error validate_merge(const fa_merge_params& params, MergeProblem* problem);
+
 // fa_kvcache_append (flashattn.h), validated. Strides in elements, (outer, row, head) of each 4-D tensor (the last
 // one is 1); paged: cache "rows" are pages and rows_per_page their slots.
 struct KvcacheProblem {

@@ -686,6 +686,77 @@ Error validate_quantize(const fa_quantize_params& a, QuantizeProblem* p) {
   return ok();
 }
 
+Error validate_merge(const fa_merge_params& a, MergeProblem* p) {
+  *p = MergeProblem{};
+  const Requirements plain{0, 0, true, "merge"};
+  using Named = std::pair<const char*, const fa_tensor*>;
+  for (const auto& [name, t] : {Named{"lse", &a.lse}, Named{"out_b", &a.out_b}, Named{"lse_b", &a.lse_b}})
+    if (t->device != a.out.device || t->device_index != a.out.device_index)
+      return invalid(name, "must be on the same device as out");
+  const bool varlen = a.out.ndim == 3;
+  if (a.out.ndim != 3 && a.out.ndim != 4)
+    return invalid("out", "must have 4 dimensions (B, S, H, Dv), or 3 (T, H, Dv) for varlen outputs (got " +
+                              std::to_string(a.out.ndim) + ")");
+  const int nd = a.out.ndim;
+  for (const auto& [name, t] : {Named{"out", &a.out}, Named{"out_b", &a.out_b}}) {
+    if (Error e = check_tensor(name, *t, nd, a.out, true, plain); !e.ok()) return e;
+    if (t->dtype != FA_FLOAT32 && t->dtype != FA_FLOAT16 && t->dtype != FA_BFLOAT16)
+      return invalid(name,
+                     std::string("dtype must be float32, float16 or bfloat16 (got ") + dtype_name(t->dtype) + ")");
+  }
+  const int64_t batch = varlen ? 1 : a.out.shape[0], rows = a.out.shape[nd - 3], heads = a.out.shape[nd - 2];
+  const int64_t dim = a.out.shape[nd - 1];
+  const bool same = [&] {
+    for (int i = 0; i < nd; ++i)
+      if (a.out_b.shape[i] != a.out.shape[i]) return false;
+    return true;
+  }();
+  if (!same) return invalid("out_b", "shape must be out's " + shape_str(a.out) + " (got " + shape_str(a.out_b) + ")");
+  for (const auto& [name, t] : {Named{"lse", &a.lse}, Named{"lse_b", &a.lse_b}}) {
+    if (Error e = check_tensor(name, *t, nd - 1, a.out, false, plain); !e.ok()) return e;
+    if (Error e = check_dtype(name, *t, FA_FLOAT32, "(log-sum-exps)"); !e.ok()) return e;
+    if (Error e = varlen ? check_shape(name, *t, {heads, rows}) : check_shape(name, *t, {batch, heads, rows}); !e.ok())
+      return e;
+  }
+  // Outputs in place: out and lse must give each element its own memory and share none with each other or with
+  // the part merged into them (which they would overwrite while it is still read).
+  std::vector<Footprint> read;
+  for (const auto& [name, t] : {Named{"out_b", &a.out_b}, Named{"lse_b", &a.lse_b}})
+    if (numel(*t) != 0) read.push_back(footprint_of(name, *t));
+  std::vector<Footprint> written;
+  for (const auto& [name, t] : {Named{"out", &a.out}, Named{"lse", &a.lse}}) {
+    if (numel(*t) == 0) continue;
+    if (self_overlapping(*t))
+      return invalid(name, "elements overlap in memory (strides " + strides_str(*t) + " for shape " + shape_str(*t) +
+                               "); a merged output needs its own memory for every element");
+    const Footprint f = footprint_of(name, *t);
+    for (const Footprint& o : written)
+      if (may_overlap(o, f)) return invalid(name, std::string("must not overlap ") + o.name + " in memory");
+    for (const Footprint& r : read)
+      if (may_overlap(r, f))
+        return invalid(
+            name, std::string("must not overlap ") + r.name + " in memory (it is read while " + name + " is written)");
+    written.push_back(f);
+  }
+  p->device = a.out.device;
+  p->device_index = a.out.device_index;
+  p->out_dtype = a.out.dtype;
+  p->out_b_dtype = a.out_b.dtype;
+  p->batch = batch, p->seqlen = rows, p->heads = heads, p->dim = dim;
+  p->out = a.out.data;
+  p->out_b = a.out_b.data;
+  p->lse = static_cast<float*>(a.lse.data);
+  p->lse_b = static_cast<const float*>(a.lse_b.data);
+  // Varlen tensors have no batch dimension: batch 1, stride 0.
+  p->out_batch = varlen ? 0 : a.out.stride[0], p->out_row = a.out.stride[nd - 3], p->out_head = a.out.stride[nd - 2];
+  p->out_b_batch = varlen ? 0 : a.out_b.stride[0], p->out_b_row = a.out_b.stride[nd - 3];
+  p->out_b_head = a.out_b.stride[nd - 2];
+  p->lse_batch = varlen ? 0 : a.lse.stride[0], p->lse_head = a.lse.stride[nd - 3], p->lse_row = a.lse.stride[nd - 2];
+  p->lse_b_batch = varlen ? 0 : a.lse_b.stride[0], p->lse_b_head = a.lse_b.stride[nd - 3];
+  p->lse_b_row = a.lse_b.stride[nd - 2];
+  return ok();
+}
+
 Error validate_kvcache(const fa_kvcache_params& a, KvcacheProblem* p) {
   *p = KvcacheProblem{};
   const Requirements plain{0, 0, true, "kvcache"};

@@ -223,6 +223,24 @@ def test_read_only_inputs_are_accepted():
     assert np.isfinite(out).all()
 
 
+def test_merge_partials_of_two_key_ranges_is_the_whole_attention():
+    """ops.merge_partials (fa_merge_partials) on numpy: forwards over keys [0, 40) and [40, 100) merged in place
+    equal the forward over all 100 keys; a float32 running partial takes a float16 one; bad input is a named
+    ValueError."""
+    rng, q, k, v, _ = _problem(21, (2, 31, 100, 4, 2, 32, 24), np.float32)
+    whole, whole_lse = ops.forward(q, k, v)
+    out, lse = ops.forward(q, k[:, :40], v[:, :40])
+    out_b, lse_b = ops.forward(q.astype(np.float16), k[:, 40:].astype(np.float16), v[:, 40:].astype(np.float16))
+    got, got_lse = ops.merge_partials(out, lse, out_b, lse_b)
+    assert got is out and got_lse is lse
+    np.testing.assert_allclose(out, whole, atol=2e-3, rtol=2e-3)  # float16's rounding of part b
+    np.testing.assert_allclose(lse, whole_lse, atol=2e-3, rtol=1e-4)
+    with pytest.raises(ValueError, match="lse_b: shape must be"):
+        ops.merge_partials(out, lse, out_b, lse_b[:, :, :5])
+    with pytest.raises(ValueError, match="out: must not overlap out_b"):
+        ops.merge_partials(out, lse, out, lse_b)
+
+
 def test_backward_is_deterministic():
     rng, q, k, v, dout = _problem(9, (2, 70, 90, 4, 1, 64, 64), np.float32)
     out, lse = ops.forward(q, k, v, causal=True)

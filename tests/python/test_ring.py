@@ -227,3 +227,49 @@ def test_ring_refuses_what_it_cannot_do():
         ring_flash_attn_varlen_func(q[0], q[0], q[0], [0, 5, 3])
     with pytest.raises(ValueError, match="q: must be"):
         ring_flash_attn_varlen_func(q, q, q, [0, 8])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merge_partials_is_the_attention_over_both_parts(device, dtype):
+    """flashattn.ops.merge_partials (the C ABI's fa_merge_partials, which the ring merges with) on a torch tensor
+    pair: attentions of the same queries over keys [0, s) and [s, n) merge into the attention over [0, n), in
+    place on strided fp32 views; rows that saw no key of a part (causal) take the other part unread."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from flashattn import ops
+    from flashattn.distributed import merge_partials
+
+    n, s, h, d = 50, 20, 3, 16
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, n, h, d, generator=gen, dtype=torch.float64) for _ in range(3))
+
+    def attend(k0, k1):  # query i sees key j (of [k0, k1)) when j <= i; lse -inf for rows that see none
+        sc = torch.einsum("bihd,bjhd->bhij", q, k[:, k0:k1]) * d ** -0.5
+        i, j = torch.arange(n)[:, None], torch.arange(k0, k1)[None, :]
+        sc = sc.masked_fill(j > i, float("-inf"))
+        lse = torch.logsumexp(sc, -1)
+        p = torch.where(torch.isfinite(lse)[..., None], torch.softmax(sc, -1), torch.zeros_like(sc)).nan_to_num()
+        return torch.einsum("bhij,bjhd->bihd", p, v[:, k0:k1]), lse
+
+    whole, whole_lse = attend(0, n)
+    (oa, la), (ob, lb) = attend(0, s), attend(s, n)
+    assert torch.isinf(lb[..., :s]).all()
+    ob = ob.clone()
+    ob[:, :s] = float("nan")  # never read: those rows' weight is 0
+    # The running partial as a strided fp32 view (every other head of a wider buffer), as the ring holds it.
+    wide = torch.zeros(1, n, 2 * h, d, dtype=torch.float32, device=device)
+    wide_lse = torch.zeros(1, 2 * h, n, dtype=torch.float32, device=device)
+    out, lse = wide[:, :, ::2], wide_lse[:, ::2]
+    out.copy_(oa), lse.copy_(la)
+    ops.merge_partials(out, lse, ob.to(device, dtype), lb.to(device, torch.float32))
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.double().cpu(), whole, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.double().cpu(), whole_lse, atol=1e-5, rtol=1e-5)
+    assert (wide[:, :, 1::2] == 0).all() and (wide_lse[:, 1::2] == 0).all()
+    # The functional form returns new fp32 tensors and leaves its inputs alone.
+    oa_d, la_d = oa.to(device, dtype), la.to(device, torch.float32)
+    merged, merged_lse = merge_partials(oa_d, la_d, ob.to(device, dtype), lb.to(device, torch.float32))
+    assert merged.dtype == torch.float32 and torch.equal(oa_d, oa.to(device, dtype))
+    torch.testing.assert_close(merged.double().cpu(), whole, atol=tol, rtol=tol)
+    torch.testing.assert_close(merged_lse.double().cpu(), whole_lse, atol=1e-5, rtol=1e-5)
