@@ -29,7 +29,9 @@ typedef float vfloat_u __attribute__((vector_size(FA_CPU_VEC_BYTES), aligned(4))
 
 inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
-inline vfloat vbroadcast(float x) { return vfloat{} + x; }
+// x - 0, not 0 + x: 0 + x is not x for x = -0, so that form kept a scalar add in front of every broadcast (on the
+// FMA ports, in the GEMMs' inner loop); x - 0 is x for every x, and compiles to the broadcast alone.
+inline vfloat vbroadcast(float x) { return x - vfloat{}; }
 
 enum class ALayout { kRowMajor, kTransposed };  // A[m][k] at A[m*lda + k], or at A[k*lda + m]
 
