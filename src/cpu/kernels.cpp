@@ -33,6 +33,9 @@ using detail::RowLayout;
 
 namespace {
 
+// max(x, m) lane by lane where a NaN in x wins and a NaN in m stays: the softmax's running maximum.
+inline vfloat nan_max(vfloat x, vfloat m) { return (x > m || x != x) ? x : m; }
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 constexpr int kMaxHeadDimPad = 256;  // head dims are at most 256 (a multiple of the vector width)
@@ -505,15 +508,18 @@ Error forward_impl(const Problem& p, int threads) {
           // bf16 dot products without dropout: the exp pass writes P's key pairs itself.
           const bool fused_pairs = pairs && !p.dropout.on;
           for (int q = 0; q < dm.bq; q += kVecFloats) {
-            // NaN-propagating running max: once a NaN is seen it stays, and the row's output becomes NaN.
-            vfloat tile_max = vbroadcast(kNegInf);
-            for (int c = 0; c < dm.bk; ++c) {
-              vfloat x = vload(st.data() + int64_t(c) * dm.bq + q);
-              tile_max = (x > tile_max || x != x) ? x : tile_max;
-            }
+            // NaN-propagating running max: once a NaN is seen it stays, and the row's output becomes NaN. Four
+            // independent maxima over the keys: one chain of compare, or and masked move per key was latency bound
+            // (6 cycles a key, as long as the tile's two GEMMs on AMX). The maximum does not depend on the order
+            // (of +0 and -0 either may stay: m only enters as x - m and exp(+-0) = 1).
+            vfloat maxima[4] = {vbroadcast(kNegInf), vbroadcast(kNegInf), vbroadcast(kNegInf), vbroadcast(kNegInf)};
+            int c = 0;
+            for (; c + 4 <= dm.bk; c += 4)
+              for (int u = 0; u < 4; ++u) maxima[u] = nan_max(vload(st.data() + int64_t(c + u) * dm.bq + q), maxima[u]);
+            for (; c < dm.bk; ++c) maxima[0] = nan_max(vload(st.data() + int64_t(c) * dm.bq + q), maxima[0]);
+            vfloat tile_max = nan_max(nan_max(maxima[0], maxima[1]), nan_max(maxima[2], maxima[3]));
             tile_max *= to_logit;
-            vfloat mx = vload(B.m + q);
-            mx = (tile_max > mx || tile_max != tile_max) ? tile_max : mx;
+            const vfloat mx = nan_max(tile_max, vload(B.m + q));
             // Rows that have seen no visible key keep m = -inf; subtracting 0 instead keeps exp(-inf) = 0.
             const vfloat m_use = mx == kNegInf ? vfloat{} : mx;
             const vfloat a = exp_nonpositive(vload(B.m + q) - m_use);
