@@ -2,7 +2,8 @@
 # The CPU backend beside torch's CPU SDPA on the GPU machine's host (the issue's "same host"): a CPU-only Release
 # build with every core, then bench/cpu/compare_torch_cpu.py at 16 threads (CPU_RUNS times: the host's runs of the
 # same command have spread 2x at 1k, where a call takes milliseconds) and at 2 threads, one table per run under OUT.
-# usage: bench/cpu/device_table.sh OUT   (CPU_SEQLENS, default 1024,4096; CPU_RUNS, default 2)
+# usage: bench/cpu/device_table.sh OUT   (CPU_SEQLENS, default 1024,4096; CPU_RUNS, default 2; CPU_TWO=0: no 2-thread
+# table, e.g. for 16k rows, which take minutes at 2 threads)
 set -uo pipefail
 OUT=$1
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,6 +19,7 @@ for run in $(seq 1 "${CPU_RUNS:-2}"); do
     --seqlens "${CPU_SEQLENS:-1024,4096}" --out "$OUT/cpu_vs_torch_16t_run$run.md" >"$OUT/16t_run$run.log" 2>&1
   echo "16 threads run $run rc $?"; grep "^| [fb]" "$OUT/cpu_vs_torch_16t_run$run.md"
 done
+[[ ${CPU_TWO:-1} == 1 ]] || exit 0
 python3 "$REPO/bench/cpu/compare_torch_cpu.py" --cli "$B/flashattn" --threads 2 --seqlens "${CPU_SEQLENS:-1024,4096}" \
   --out "$OUT/cpu_vs_torch_2t.md" >"$OUT/2t.log" 2>&1
 echo "2 threads rc $?"; grep "^| [fb]" "$OUT/cpu_vs_torch_2t.md"
