@@ -1,0 +1,64 @@
+"""Split-KV counts for decode: the harness's decode shapes (one query token, GQA 32/8, d128, bf16, contiguous cache,
+bench.py's decode_rows) through flash_attn_with_kvcache with num_splits = 0 (the plan's pick) and a sweep of counts,
+beside cuDNN (SDPA) in the same process, TB/s of K+V (triton's do_bench, median). Prints one row per (shape, splits):
+what the plan's choice leaves against the best count.
+
+    PYTHONPATH=<package root> python3 bench/gpu/dev/decode_splits.py [--splits 0,1,2,...] [--csv FILE]
+"""
+import argparse
+import csv
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashattn
+
+SHAPES = ((1, 65536), (8, 16384), (32, 8192), (128, 4096), (64, 32768))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--splits", default="0,1,2,3,4,6,8,11,12,16,17,22,24,32,33,44,48,64,66")
+    ap.add_argument("--csv", default="")
+    a = ap.parse_args()
+    splits = [int(s) for s in a.splits.split(",")]
+    rows = []
+    hq, hkv, d = 32, 8, 128
+    print("batch\tkeys\tbackend\tsplits\tus\tTB/s\tvs_cudnn", flush=True)
+    for batch, keys in SHAPES:
+        nbytes = 2 * batch * keys * hkv * d * 2
+        q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(batch, keys, hkv, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        ref = cudnn().transpose(1, 2).float()
+        base = do_bench(cudnn, warmup=25, rep=200, return_mode="median")
+        kt = vt = None
+        rows.append((batch, keys, "cudnn", "", base * 1e3, nbytes / base / 1e9, 1.0))
+        print(f"{batch}\t{keys}\tcudnn\t\t{base * 1e3:.1f}\t{nbytes / base / 1e9:.2f}\t1.00", flush=True)
+        lens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
+        for s in splits:
+            def ours():
+                return flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=s)
+            err = (ours().float() - ref).abs().max().item()
+            ms = do_bench(ours, warmup=25, rep=200, return_mode="median")
+            rows.append((batch, keys, "ours", s, ms * 1e3, nbytes / ms / 1e9, base / ms))
+            print(f"{batch}\t{keys}\tours\t{s}\t{ms * 1e3:.1f}\t{nbytes / ms / 1e9:.2f}\t{base / ms:.3f}"
+                  f"\t{'' if err < 1e-2 else f'maxdiff {err:.2e}'}", flush=True)
+        q = kc = vc = None
+        torch.cuda.empty_cache()
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["batch", "keys", "backend", "splits", "us", "TBps", "vs_cudnn"])
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
