@@ -14,28 +14,13 @@ namespace {
 
 size_t element_bytes(fa_dtype t) { return t == FA_FLOAT32 ? 4 : t == FA_FLOAT8_E4M3 ? 1 : 2; }
 
-float load(fa_dtype t, const void* base, int64_t off) {
-  switch (t) {
-    case FA_FLOAT16: return fp16_to_float(static_cast<const uint16_t*>(base)[off]);
-    case FA_BFLOAT16: return bf16_to_float(static_cast<const uint16_t*>(base)[off]);
-    default: return static_cast<const float*>(base)[off];
-  }
-}
-void store(fa_dtype t, void* base, int64_t off, float x) {
-  switch (t) {
-    case FA_FLOAT16: static_cast<uint16_t*>(base)[off] = float_to_fp16(x); break;
-    case FA_BFLOAT16: static_cast<uint16_t*>(base)[off] = float_to_bf16(x); break;
-    default: static_cast<float*>(base)[off] = x;
-  }
-}
-
 // Row `row` (d elements at src + off_src) rotated at position pos into dst + off_dst (which may be the same row):
 // the first 2 * half columns in pairs, the rest copied.
 void rotate_row(const detail::KvcacheProblem& p, const void* src, int64_t off_src, void* dst, int64_t off_dst,
                 int64_t pos, std::vector<float>& tmp) {
   const int64_t d = p.dim, half = p.rot_half;
   tmp.resize(size_t(d));
-  for (int64_t c = 0; c < d; ++c) tmp[size_t(c)] = load(p.dtype, src, off_src + c);
+  for (int64_t c = 0; c < d; ++c) tmp[size_t(c)] = load_float(p.dtype, src, off_src + c);
   const float* cs = p.cos + pos * p.cos_row;
   const float* sn = p.sin + pos * p.sin_row;
   for (int64_t c = 0; c < half; ++c) {
@@ -44,7 +29,7 @@ void rotate_row(const detail::KvcacheProblem& p, const void* src, int64_t off_sr
     tmp[size_t(i)] = x0 * cs[c] - x1 * sn[c];
     tmp[size_t(j)] = x0 * sn[c] + x1 * cs[c];
   }
-  for (int64_t c = 0; c < d; ++c) store(p.dtype, dst, off_dst + c, tmp[size_t(c)]);
+  for (int64_t c = 0; c < d; ++c) store_float(p.dtype, dst, off_dst + c, tmp[size_t(c)]);
 }
 
 }  // namespace

@@ -5,28 +5,6 @@
 #include "core/problem.hpp"
 #include "cpu/numeric.hpp"
 
-namespace flashattn::cpu {
-namespace {
-
-float load(fa_dtype t, const void* base, int64_t off) {
-  switch (t) {
-    case FA_FLOAT16: return fp16_to_float(static_cast<const uint16_t*>(base)[off]);
-    case FA_BFLOAT16: return bf16_to_float(static_cast<const uint16_t*>(base)[off]);
-    default: return static_cast<const float*>(base)[off];
-  }
-}
-
-void store(fa_dtype t, void* base, int64_t off, float x) {
-  switch (t) {
-    case FA_FLOAT16: static_cast<uint16_t*>(base)[off] = float_to_fp16(x); break;
-    case FA_BFLOAT16: static_cast<uint16_t*>(base)[off] = float_to_bf16(x); break;
-    default: static_cast<float*>(base)[off] = x;
-  }
-}
-
-}  // namespace
-}  // namespace flashattn::cpu
-
 namespace flashattn::detail {
 
 Error merge_partials_cpu(const MergeProblem& p) {
@@ -42,9 +20,9 @@ Error merge_partials_cpu(const MergeProblem& p) {
         const int64_t ob = b * p.out_b_batch + i * p.out_b_row + h * p.out_b_head;
         for (int64_t c = 0; c < p.dim; ++c) {
           // A part of weight 0 is not read (its out may hold anything); NaN weights are read and propagate.
-          float x = wa == 0.f ? 0.f : wa * load(p.out_dtype, p.out, o + c);
-          if (wb != 0.f) x += wb * load(p.out_b_dtype, p.out_b, ob + c);
-          store(p.out_dtype, p.out, o + c, x);
+          float x = wa == 0.f ? 0.f : wa * load_float(p.out_dtype, p.out, o + c);
+          if (wb != 0.f) x += wb * load_float(p.out_b_dtype, p.out_b, ob + c);
+          store_float(p.out_dtype, p.out, o + c, x);
         }
         lse = merged;
       }

@@ -110,6 +110,23 @@ struct Storage<FA_FLOAT16> {
   static uint16_t store(float x) { return float_to_fp16(x); }
 };
 
+// Element `off` of a float32 / float16 / bfloat16 array whose dtype is known at run time only (the calls beside the
+// attention: quantisation, the KV-cache append, the merge), as float and back.
+inline float load_float(fa_dtype t, const void* base, int64_t off) {
+  switch (t) {
+    case FA_FLOAT16: return fp16_to_float(static_cast<const uint16_t*>(base)[off]);
+    case FA_BFLOAT16: return bf16_to_float(static_cast<const uint16_t*>(base)[off]);
+    default: return static_cast<const float*>(base)[off];
+  }
+}
+inline void store_float(fa_dtype t, void* base, int64_t off, float x) {
+  switch (t) {
+    case FA_FLOAT16: static_cast<uint16_t*>(base)[off] = float_to_fp16(x); break;
+    case FA_BFLOAT16: static_cast<uint16_t*>(base)[off] = float_to_bf16(x); break;
+    default: static_cast<float*>(base)[off] = x;
+  }
+}
+
 // Rounds a float to the precision of T and back (emulates storing a low-precision intermediate).
 template <fa_dtype T>
 inline float round_to(float x) {

@@ -8,21 +8,6 @@
 #include "core/problem.hpp"
 #include "cpu/numeric.hpp"
 
-namespace flashattn::cpu {
-namespace {
-
-float load(fa_dtype t, const void* base, int64_t off) {
-  switch (t) {
-    case FA_FLOAT16: return fp16_to_float(static_cast<const uint16_t*>(base)[off]);
-    case FA_BFLOAT16: return bf16_to_float(static_cast<const uint16_t*>(base)[off]);
-    default: return static_cast<const float*>(base)[off];
-  }
-}
-
-}  // namespace
-
-}  // namespace flashattn::cpu
-
 namespace flashattn::detail {
 
 Error quantize_fp8_cpu(const QuantizeProblem& p) {
@@ -34,7 +19,7 @@ Error quantize_fp8_cpu(const QuantizeProblem& p) {
     for (int64_t c = 0; c < d; ++c) sign[size_t(c)] = float(detail::hadamard_sign(p.seed, int(c)));
   auto rotated = [&](int64_t b, int64_t s, int64_t h) {
     const int64_t base = b * p.x_batch + s * p.x_row + h * p.x_head;
-    for (int64_t c = 0; c < d; ++c) row[size_t(c)] = load(p.dtype, p.x, base + c) * sign[size_t(c)];
+    for (int64_t c = 0; c < d; ++c) row[size_t(c)] = load_float(p.dtype, p.x, base + c) * sign[size_t(c)];
     if (p.hadamard) detail::walsh_hadamard(row.data(), int(d), inv_sqrt);
   };
   for (int64_t b = 0; b < p.batch; ++b)
