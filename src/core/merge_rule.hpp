@@ -13,10 +13,8 @@
 
 namespace flashattn::detail {
 
+// m is the largest L_s of a merge (fmaxf over the parts), sum the sum of term(L_s, m) over them.
 struct LseMerge {
-  float max = -INFINITY;  // the largest L_s folded so far (m)
-  float sum = 0.f;        // sum_s e^(L_s - m), once every part's L_s is in `max`
-
   // The merged log-sum-exp from m and the sum against it. A NaN part makes the sum NaN (fmaxf leaves NaN out of m),
   // and the merge NaN: never -inf, which would pass for a row that saw no key.
   FA_HOST_DEVICE static float lse_of(float m, float sum) {
