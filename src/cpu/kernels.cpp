@@ -463,35 +463,31 @@ Error forward_impl(const Problem& p, int threads) {
           load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
           load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
         }
-        // bf16 dot products: K rows in place for a full contiguous tile, else gathered (zero rows past the keys) so
-        // that every tile takes the same arithmetic (a paged call equals the contiguous one bit for bit); V only
-        // through V^T.
+        // bf16 dot products: K's rows of the tile copied into a dense tile (zero rows past the keys), once per tile
+        // for the task's query blocks, so that every tile takes the same arithmetic (a paged call equals the
+        // contiguous one bit for bit). Not read in place: the AMX tile loads of rows one (B, S, H, D) row apart (4 KB
+        // at 16 heads of d128) stalled on the TLB, and the copy made the forward 8-10% faster (d128, 1k/4k, 2 threads,
+        // bench/results/2026-12-02_cpu_xeon_amx_session17.md). V only through V^T.
         const uint16_t* k_bf16 = nullptr;
-        int64_t k_bf16_ld = dm.d;
         if (bf16_dot) {
-          if (!p.paged() && cols == dm.bk) {
-            k_bf16 = static_cast<const uint16_t*>(p.k) + p.offset(p.k_layout, b, j0, hk);
-            k_bf16_ld = p.k_layout.row;
-          } else {
-            auto* kb = reinterpret_cast<uint16_t*>(k_tile_buf.data());
-            const auto* src = static_cast<const uint16_t*>(p.k);
-            for (int r = 0; r < dm.bk; ++r) {
-              if (r < cols)
-                std::memcpy(kb + int64_t(r) * dm.d, src + p.offset(p.k_layout, b, j0 + r, hk), size_t(dm.d) * 2);
-              else
-                std::fill(kb + int64_t(r) * dm.d, kb + int64_t(r + 1) * dm.d, uint16_t(0));
-            }
-            k_bf16 = kb;
+          auto* kb = reinterpret_cast<uint16_t*>(k_tile_buf.data());
+          const auto* src = static_cast<const uint16_t*>(p.k);
+          for (int r = 0; r < dm.bk; ++r) {
+            if (r < cols)
+              std::memcpy(kb + int64_t(r) * dm.d, src + p.offset(p.k_layout, b, j0 + r, hk), size_t(dm.d) * 2);
+            else
+              std::fill(kb + int64_t(r) * dm.d, kb + int64_t(r + 1) * dm.d, uint16_t(0));
           }
+          k_bf16 = kb;
         }
-        (void)k_bf16, (void)k_bf16_ld;  // read under FA_CPU_BF16_DOT only
+        (void)k_bf16;  // read under FA_CPU_BF16_DOT only
         for (int g = 0; g < ng; ++g) {
           Block& B = blk[g];
           if (j0 < B.first.lo / dm.bk * dm.bk || j0 >= B.last.hi) continue;  // outside this block's tiles
           bool scored = false;
 #if defined(FA_CPU_BF16_DOT)
           if constexpr (T == FA_BFLOAT16) {
-            gemm_bf16<false>(dm.bk, dm.bq, dm.d, k_bf16, k_bf16_ld, B.q_pairs, dm.bq, st.data(), dm.bq);
+            gemm_bf16<false>(dm.bk, dm.bq, dm.d, k_bf16, dm.d, B.q_pairs, dm.bq, st.data(), dm.bq);
             scored = true;
           }
 #endif
@@ -875,26 +871,21 @@ Error backward_impl(const Problem& p, int threads) {
             bool scored = false;
 #if defined(FA_CPU_BF16_DOT)
             if constexpr (T == FA_BFLOAT16) {
-              // Q and dO rows straight from the inputs for a full block at one row stride, else copied into
-              // zero-padded tiles, so that every block takes the same arithmetic.
-              const auto* q_rows = static_cast<const uint16_t*>(p.q) + p.offset(p.q_layout, b, i0, h);
-              const auto* g_rows = static_cast<const uint16_t*>(p.dout) + p.offset(p.dout_layout, b, i0, h);
-              int64_t q_ld = p.q_layout.row, g_ld = p.dout_layout.row;
-              if (rows < dm.bq) {
-                auto* qp = reinterpret_cast<uint16_t*>(q_pad_buf.data());
-                auto* gp = reinterpret_cast<uint16_t*>(g_pad_buf.data());
-                const auto* qsrc = static_cast<const uint16_t*>(p.q);
-                const auto* gsrc = static_cast<const uint16_t*>(p.dout);
-                std::fill(qp, qp + int64_t(dm.bq) * dm.d, uint16_t(0));
-                std::fill(gp, gp + int64_t(dm.bq) * dm.dv, uint16_t(0));
-                for (int r = 0; r < rows; ++r) {
-                  std::memcpy(qp + int64_t(r) * dm.d, qsrc + p.offset(p.q_layout, b, i0 + r, h), size_t(dm.d) * 2);
-                  std::memcpy(gp + int64_t(r) * dm.dv, gsrc + p.offset(p.dout_layout, b, i0 + r, h), size_t(dm.dv) * 2);
-                }
-                q_rows = qp, g_rows = gp, q_ld = dm.d, g_ld = dm.dv;
+              // Q and dO rows copied into dense zero-padded tiles, so that every block takes the same arithmetic;
+              // not read in place: AMX tile loads of rows one (B, S, H, D) row apart stall on the TLB, and the copy
+              // made the backward 5-11% faster (d128, 1k/4k, 2 threads; as K's copy in the forward).
+              auto* qp = reinterpret_cast<uint16_t*>(q_pad_buf.data());
+              auto* gp = reinterpret_cast<uint16_t*>(g_pad_buf.data());
+              const auto* qsrc = static_cast<const uint16_t*>(p.q);
+              const auto* gsrc = static_cast<const uint16_t*>(p.dout);
+              for (int r = 0; r < rows; ++r) {
+                std::memcpy(qp + int64_t(r) * dm.d, qsrc + p.offset(p.q_layout, b, i0 + r, h), size_t(dm.d) * 2);
+                std::memcpy(gp + int64_t(r) * dm.dv, gsrc + p.offset(p.dout_layout, b, i0 + r, h), size_t(dm.dv) * 2);
               }
-              gemm_bf16<false>(dm.bq, dm.bk, dm.d, q_rows, q_ld, k_pairs, dm.bk, s.data(), dm.bk);
-              gemm_bf16<false>(dm.bq, dm.bk, dm.dv, g_rows, g_ld, v_pairs, dm.bk, dp.data(), dm.bk);
+              std::fill(qp + int64_t(rows) * dm.d, qp + int64_t(dm.bq) * dm.d, uint16_t(0));
+              std::fill(gp + int64_t(rows) * dm.dv, gp + int64_t(dm.bq) * dm.dv, uint16_t(0));
+              gemm_bf16<false>(dm.bq, dm.bk, dm.d, qp, dm.d, k_pairs, dm.bk, s.data(), dm.bk);
+              gemm_bf16<false>(dm.bq, dm.bk, dm.dv, gp, dm.dv, v_pairs, dm.bk, dp.data(), dm.bk);
               scored = true;
             }
 #endif
