@@ -10,6 +10,10 @@
 
 #include "flashattn/flashattn.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace flashattn::cpu {
 
 inline float bits_to_float(uint32_t u) {
@@ -154,6 +158,32 @@ inline T pow2_integral(T n) {
 // NaN propagates.
 template <class T>
 inline T exp_nonpositive(T x) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(T) == 64) {
+    // 16-float vectors of the AVX-512 builds: the same value for every x (NaN gives NaN) in 12 instructions instead
+    // of about 20. vmaxps returns its second operand when one is NaN, so the clamp lets NaN through (no restoring
+    // select); vrndscaleps rounds to nearest even as adding and subtracting 1.5 * 2^23 does for |t| < 2^22; vscalefps
+    // is p * 2^n rounded once, as the product with pow2_integral(n) for n >= -126; the masked form zeroes t < -126
+    // (and keeps unordered lanes, NaN).
+    const T zero{};
+    const __m512 t = _mm512_mul_ps(reinterpret_cast<__m512&>(x), _mm512_set1_ps(1.44269504088896341f));
+    // The all-lanes masked forms: the plain ones pass _mm512_undefined_ps, which GCC 12 reports as uninitialised.
+    const __m512 tc = _mm512_mask_max_ps(t, 0xffff, _mm512_set1_ps(-126.f), t);
+    const __m512 n = _mm512_mask_roundscale_ps(tc, 0xffff, tc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 fv = _mm512_sub_ps(tc, n);
+    const T f = reinterpret_cast<const T&>(fv);
+    T p = zero + 1.535336188319500e-4f;  // the polynomial below, term by term
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.f), _CMP_NLT_UQ);
+    const __m512 r = _mm512_maskz_scalef_ps(keep, reinterpret_cast<const __m512&>(p), n);
+    return reinterpret_cast<const T&>(r);
+  }
+#endif
   const T zero{};
   const T k_min = zero + -126.f;        // 2^-126: smaller results flush to 0
   const T k_round = zero + 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to nearest integer
