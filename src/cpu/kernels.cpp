@@ -300,7 +300,7 @@ Error forward_impl(const Problem& p, int threads) {
   // Every query block of a (sequence, KV head) reads the same K/V tiles: a thread keeps the fp32 tiles of the last
   // (sequence, KV head) it converted when they fit kKvCacheBytes (4k keys of d128), and tasks run KV-head-major
   // so that a thread's next task is mostly the same head. A task takes up to kQueryGroup consecutive query
-  // blocks, which share each K/V tile it converts, reads from the cache or reads in place: the K/V traffic per FLOP
+  // blocks, which share each K/V tile it converts or reads from the cache: the K/V traffic per FLOP
   // of a 512-row block, while each block keeps its own 64-row softmax state (and its bits: every block visits the
   // same tiles in the same order either way). Fewer blocks per task only where the tasks would not keep every
   // thread busy (four tasks per thread for the dynamic schedule). d128, 2 threads
@@ -313,7 +313,7 @@ Error forward_impl(const Problem& p, int threads) {
   for (int64_t b = 0; b < p.batch; ++b) max_lk = std::max(max_lk, p.len_k(b));
   const int64_t kv_blocks_max = (max_lk + dm.bk - 1) / dm.bk;
   const int64_t kv_cache_floats = kv_blocks_max * dm.bk * (dm.dp + dm.dvp);
-  // bf16 with dot products reads K rows in place (full tiles) and V through V^T: no fp32 copies, but V^T of every
+  // bf16 with dot products copies K's rows per tile and reads V through V^T: no fp32 copies, but V^T of every
   // tile of the (sequence, KV head), packed once per thread and head when it fits kVtCacheBytes (16k keys of d128).
   const bool bf16_dot = T == FA_BFLOAT16 && kHaveBf16Dot;
   constexpr int64_t kVtCacheBytes = int64_t(4) << 20;
@@ -324,10 +324,6 @@ Error forward_impl(const Problem& p, int threads) {
   int64_t all_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) all_blocks += (p.len_q(b) + dm.bq - 1) / dm.bq;
   const int group_blocks = int(std::clamp<int64_t>(all_blocks * p.heads_q / (4 * int64_t(nthreads)), 1, kQueryGroup));
-  // fp32 K/V whose rows need no padding are read in place by the GEMMs when they do not fit the cache: converting
-  // a copy of every tile for every query block took a quarter of the time at 16k keys (0.73-0.81x torch against
-  // 1.05-1.39x with the cache at 1k-4k: bench/results/2026-12-01_cpu_bwd_epyc2.md).
-  const bool kv_in_place = !cache_kv && T == FA_FLOAT32 && !p.paged() && dm.d == dm.dp && dm.dv == dm.dvp;
   // Tasks: (sequence, first query row of a group of query blocks) pairs, times heads.
   std::vector<std::pair<int64_t, int64_t>> blocks;
   for (int64_t b = 0; b < p.batch; ++b)
@@ -447,18 +443,17 @@ Error forward_impl(const Problem& p, int threads) {
       }
       for (int64_t j0 = j_begin; j0 < j_end; j0 += dm.bk) {
         const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
+        // K/V beyond the cache: the tile converted once per task, for its query blocks. Read in place instead (as
+        // before kQueryGroup), the GEMMs' loads of rows one (B, S, H, D) row apart (8 KB at 16 fp32 heads of d128)
+        // stalled on the TLB: fp32 16k forward 0.22-0.23 -> 0.29-0.30 TFLOP/s (2 threads,
+        // bench/results/2026-12-02_cpu_xeon_amx_session17.md).
         const float* kt = k.data();
         const float* vt = v.data();
-        int64_t ldk = dm.dp, ldv = dm.dvp;
+        const int64_t ldk = dm.dp, ldv = dm.dvp;
         bool v_packed = false;  // bf16: V of this tile in row pairs (v_rp), once for the group
         if (cache_kv) {
           kt = kv.data() + j0 * dm.dp;
           vt = kv.data() + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp;
-        } else if (kv_in_place && cols == dm.bk) {  // a full tile: every row it reads is a key of the sequence
-          kt = static_cast<const float*>(p.k) + p.offset(p.k_layout, b, j0, hk);
-          vt = static_cast<const float*>(p.v) + p.offset(p.v_layout, b, j0, hk);
-          ldk = p.k_layout.row;
-          ldv = p.v_layout.row;
         } else if (!bf16_dot) {
           load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
           load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
@@ -873,7 +868,7 @@ Error backward_impl(const Problem& p, int threads) {
             if constexpr (T == FA_BFLOAT16) {
               // Q and dO rows copied into dense zero-padded tiles, so that every block takes the same arithmetic;
               // not read in place: AMX tile loads of rows one (B, S, H, D) row apart stall on the TLB, and the copy
-              // made the backward 5-11% faster (d128, 1k/4k, 2 threads; as K's copy in the forward).
+              // made the backward 5-11% faster (d128, 1k/4k, 2 threads, the file K's copy in the forward cites).
               auto* qp = reinterpret_cast<uint16_t*>(q_pad_buf.data());
               auto* gp = reinterpret_cast<uint16_t*>(g_pad_buf.data());
               const auto* qsrc = static_cast<const uint16_t*>(p.q);
