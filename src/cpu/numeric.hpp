@@ -151,6 +151,18 @@ inline T pow2_integral(T n) {
   }
 }
 
+// 2^f for f in [-0.5, 0.5]: the Taylor coefficients of e^(f ln2), degree 6, by Horner (exp_nonpositive's both forms).
+template <class T>
+inline T exp2_reduced(T f) {
+  T p = T{} + 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  return p * f + 1.0f;
+}
+
 // exp(x) for x <= 0 (softmax arguments after max subtraction), relative error within 1.5 (4 + |x|) fp32 ulps
 // (the rounding of x log2(e): as if x were off by an ulp; tests/test_numeric.cpp), for float and for the CPU
 // kernels' float vectors (one definition, so scalar and vector paths agree bit for bit). Branch-free: range
@@ -165,20 +177,13 @@ inline T exp_nonpositive(T x) {
     // select); vrndscaleps rounds to nearest even as adding and subtracting 1.5 * 2^23 does for |t| < 2^22; vscalefps
     // is p * 2^n rounded once, as the product with pow2_integral(n) for n >= -126; the masked form zeroes t < -126
     // (and keeps unordered lanes, NaN).
-    const T zero{};
     const __m512 t = _mm512_mul_ps(reinterpret_cast<__m512&>(x), _mm512_set1_ps(1.44269504088896341f));
     // The all-lanes masked forms: the plain ones pass _mm512_undefined_ps, which GCC 12 reports as uninitialised.
     const __m512 tc = _mm512_mask_max_ps(t, 0xffff, _mm512_set1_ps(-126.f), t);
     const __m512 n = _mm512_mask_roundscale_ps(tc, 0xffff, tc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 fv = _mm512_sub_ps(tc, n);
     const T f = reinterpret_cast<const T&>(fv);
-    T p = zero + 1.535336188319500e-4f;  // the polynomial below, term by term
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
+    const T p = exp2_reduced(f);
     const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.f), _CMP_NLT_UQ);
     const __m512 r = _mm512_maskz_scalef_ps(keep, reinterpret_cast<const __m512&>(p), n);
     return reinterpret_cast<const T&>(r);
@@ -191,14 +196,7 @@ inline T exp_nonpositive(T x) {
   T tc = t >= k_min ? t : k_min;        // also maps NaN to k_min; the NaN is restored below
   T n = (tc + k_round) - k_round;
   T f = tc - n;
-  // Taylor coefficients of 2^f = e^(f ln2) on [-0.5, 0.5].
-  T p = zero + 1.535336188319500e-4f;
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
+  const T p = exp2_reduced(f);
   T r = p * pow2_integral(n);
   r = t < k_min ? zero : r;
   return x != x ? x : r;
