@@ -339,8 +339,10 @@ Error forward_impl(const Problem& p, int threads) {
     // St[key][query]: the online softmax then runs down columns with plain vector ops and no horizontal
     // reductions, and K and V are read in their natural row layout. qt, o, m, l (and Q's bf16 pairs) per block
     // of the task's group.
-    const size_t gb = size_t(group_blocks);
-    FloatBuffer qt(gb * dm.dp * dm.bq), k(size_t(dm.bk) * dm.dp), v(size_t(dm.bk) * dm.dvp);
+    // fp32 Q^T and K/V tiles serve the fp32 products only: bf16 dot products read Q in pairs, K from its dense bf16
+    // tile and V through V^T.
+    const size_t gb = size_t(group_blocks), fp32_tiles = bf16_dot ? 0 : 1;
+    FloatBuffer qt(fp32_tiles * gb * dm.dp * dm.bq), k(fp32_tiles * dm.bk * dm.dp), v(fp32_tiles * dm.bk * dm.dvp);
     FloatBuffer st(size_t(dm.bk) * dm.bq), o(gb * dm.bq * dm.dvp), m(gb * dm.bq), l(gb * dm.bq), alpha(dm.bq);
     FloatBuffer kv(cache_kv ? size_t(kv_cache_floats) : 0);
     PairBuffer vt_cache(cache_vt ? size_t(vt_cache_elems / 2) : 0), k_tile_buf(bf16_dot ? size_t(dm.bk) * dm.d / 2 : 0);
@@ -356,8 +358,8 @@ Error forward_impl(const Problem& p, int threads) {
     uint32_t *q_pairs = q_pair_buf.data(), *p_pairs = p_pair_buf.data();
     auto* v_t = reinterpret_cast<uint16_t*>(v_t_buf.data());
     (void)q_pairs, (void)v_t, (void)p_pairs;
-    const bool ok = qt.data() && k.data() && v.data() && st.data() && o.data() && m.data() && l.data() &&
-                    alpha.data() && (!cache_kv || kv.data()) && (!pairs || (q_pairs && v_t && p_pairs)) &&
+    const bool ok = (bf16_dot || (qt.data() && k.data() && v.data())) && st.data() && o.data() && m.data() &&
+                    l.data() && alpha.data() && (!cache_kv || kv.data()) && (!pairs || (q_pairs && v_t && p_pairs)) &&
                     (!cache_vt || vt_cache.data()) && (!bf16_dot || k_tile_buf.data());
     if (!ok) {
 #pragma omp atomic write
@@ -420,7 +422,7 @@ Error forward_impl(const Problem& p, int threads) {
         Block& B = blk[g];
         B.i0 = i_task + int64_t(g) * dm.bq;
         B.rows = int(std::min<int64_t>(dm.bq, lq - B.i0));
-        B.qt = qt.data() + size_t(g) * dm.dp * dm.bq;
+        B.qt = bf16_dot ? nullptr : qt.data() + size_t(g) * dm.dp * dm.bq;
         B.o = o.data() + size_t(g) * dm.bq * dm.dvp;
         B.m = m.data() + size_t(g) * dm.bq;
         B.l = l.data() + size_t(g) * dm.bq;
@@ -449,7 +451,6 @@ Error forward_impl(const Problem& p, int threads) {
         // bench/results/2026-12-02_cpu_xeon_amx_session17.md).
         const float* kt = k.data();
         const float* vt = v.data();
-        const int64_t ldk = dm.dp, ldv = dm.dvp;
         bool v_packed = false;  // bf16: V of this tile in row pairs (v_rp), once for the group
         if (cache_kv) {
           kt = kv.data() + j0 * dm.dp;
@@ -486,7 +487,7 @@ Error forward_impl(const Problem& p, int threads) {
             scored = true;
           }
 #endif
-          if (!scored) gemm<false>(dm.bk, dm.bq, dm.dp, kt, ldk, B.qt, dm.bq, st.data(), dm.bq);
+          if (!scored) gemm<false>(dm.bk, dm.bq, dm.dp, kt, dm.dp, B.qt, dm.bq, st.data(), dm.bq);
           // The mask can be skipped when every real query sees every key of a full tile: window starts
           // grow with the query index (the last query's start bounds them all), ends likewise (the first's).
           tm.mask = !(cols == dm.bk && B.last.lo <= j0 && B.first.hi >= j0 + dm.bk);
@@ -571,7 +572,7 @@ Error forward_impl(const Problem& p, int threads) {
             continue;
           }
 #endif
-          gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, vt, ldv, B.o, dm.dvp);
+          gemm<true, ALayout::kTransposed>(dm.bq, dm.dvp, dm.bk, st.data(), dm.bq, vt, dm.dvp, B.o, dm.dvp);
         }
         (void)v_packed;
       }
