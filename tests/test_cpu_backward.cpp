@@ -209,6 +209,26 @@ TEST(CpuBackward, VarlenSequsedStrides) {
   expect_backward_matches(s);
 }
 
+// Q and dO too large for a task's per-thread cache (8 query heads of one KV head x 320 padded rows x d256 x 2 in
+// fp32 is 5.2 MB, above its 4 MB) are streamed, and the backward then takes its key blocks four at a time
+// (kernels.cpp key_group): 5 key blocks, a group of four and a partial one (one thread), chunks of key blocks
+// inside one group (two threads), a partial last key block, and masks that leave some blocks of a group unseen
+// by a query block. fp32 and fp16 take this path on every ISA. (Three cases: the float64 reference takes ~15 s
+// each at this size.)
+TEST(CpuBackward, StreamedQueryTilesKeyGroups) {
+  for (int variant = 0; variant < 3; ++variant) {
+    Case c = with_lengths(260, variant == 0 ? 290 : variant == 1 ? 300 : 270);
+    c.dtype = variant == 1 ? FA_FLOAT16 : FA_FLOAT32;
+    c.hq = 8;
+    c.hkv = 1;
+    c.d = 256;
+    c.threads = variant == 0 ? 1 : 2;
+    c.causal = variant == 1;
+    if (variant == 2) c.wl = 70, c.wr = 20, c.top_left = true;
+    expect_backward_matches(c);
+  }
+}
+
 TEST(CpuBackward, FullyMaskedRowsHaveZeroGradient) {
   Case c = with_lengths(40, 10);
   c.top_left = true;

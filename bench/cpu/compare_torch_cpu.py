@@ -37,11 +37,11 @@ def torch_times(dtype, threads, S, causal, H=16, D=128, reps=3):
     return sorted(fwd[1:])[len(fwd[1:]) // 2] * 1e3, sorted(fb[1:])[len(fb[1:]) // 2] * 1e3
 
 
-def ours_times(cli, dtype, threads, S, causal, H=16, D=128):
+def ours_times(cli, dtype, threads, S, causal, H=16, D=128, reps=3):
     with tempfile.NamedTemporaryFile(suffix=".csv") as tmp:
         subprocess.run([cli, "bench", "--seqlens", str(S), "--hdims", str(D), "--dtypes", dtype, "--masks",
                         "causal" if causal else "none", "--heads", str(H), "--threads", str(threads), "--bwd",
-                        "--iters", "3", "--backend", "cpu", "--csv", tmp.name], capture_output=True, check=True)
+                        "--iters", str(reps), "--backend", "cpu", "--csv", tmp.name], capture_output=True, check=True)
         with open(tmp.name) as f:
             r = next(csv.DictReader(f))
     return float(r["fwd_ms"]), float(r["fwd_ms"]) + float(r["bwd_ms"])
@@ -52,6 +52,9 @@ def main():
     ap.add_argument("--cli", default="build/flashattn")
     ap.add_argument("--threads", default="2,16")
     ap.add_argument("--seqlens", default="1024,4096")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--causal", default="0,1", help="0: no mask, 1: causal")
+    ap.add_argument("--reps", type=int, default=3, help="timed repeats per row (the median is reported)")
     ap.add_argument("--out", default="cpu_vs_torch.md")
     a = ap.parse_args()
     cpu = platform.processor() or platform.machine()
@@ -62,24 +65,31 @@ def main():
         pass
     lines = [f"# CPU backend vs torch {torch.__version__} CPU SDPA, same host\n",
              f"Host: {cpu}, {os.cpu_count()} logical CPUs. B=1, H=16, D=128. GFLOP/s (fwd 4*B*H*S*S*D, /2 causal; "
-             "fwd+bwd 3.5x fwd FLOPs over fwd+bwd time), median of 3.\n",
+             f"fwd+bwd 3.5x fwd FLOPs over fwd+bwd time), median of {a.reps}.\n",
              "| dtype | threads | seqlen | causal | ours fwd | torch fwd | ours fwd+bwd | torch fwd+bwd | fwd ratio "
              "| fwd+bwd ratio |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for dt_name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    # The table is rewritten after every row: a run cut short (minutes a row at 16k on 2 threads) keeps its rows.
+    def write():
+        with open(a.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for dt_name in a.dtypes.split(","):
+        dt = dtypes[dt_name]
         for th in [int(x) for x in a.threads.split(",")]:
             for S in [int(x) for x in a.seqlens.split(",")]:
-                for causal in (False, True):
+                for causal in (bool(int(x)) for x in a.causal.split(",")):
                     flops = 4 * 16 * S * S * 128 / (2 if causal else 1)
-                    tf, tfb = torch_times(dt, th, S, causal)
-                    of, ofb = ours_times(a.cli, dt_name, th, S, causal)
+                    tf, tfb = torch_times(dt, th, S, causal, reps=a.reps)
+                    of, ofb = ours_times(a.cli, dt_name, th, S, causal, reps=a.reps)
                     g = lambda ms, mult=1.0: mult * flops / (ms * 1e6)
                     row = (f"| {dt_name} | {th} | {S} | {int(causal)} | {g(of):.0f} | {g(tf):.0f} | "
                            f"{g(ofb, 3.5):.0f} | {g(tfb, 3.5):.0f} | {tf / of:.2f} | {tfb / ofb:.2f} |")
                     print(row, flush=True)
                     lines.append(row)
-    with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+                    write()
+    write()
 
 
 if __name__ == "__main__":

@@ -609,6 +609,15 @@ Error forward_impl(const Problem& p, int threads) {
   return detail::ok();
 }
 
+constexpr int kMaxKeyGroup = 4;
+
+// Key blocks a backward task takes per pass over its query blocks. Where the task's Q and dO do not fit its
+// per-thread cache (more than 4k rows of d128 for one head), they are converted from the inputs per query block
+// and dQ's rows go back to memory per visit: four key blocks per pass quarter that traffic (fp32 d128 16k,
+// 2 threads: backward +25-35% over one block a pass, bench/results/2026-12-02_cpu_session18.md). Cached Q/dO keep
+// one block a pass, as measured before. bf16 dot products already take 128/256-key tiles.
+constexpr int key_group(bool bf16_dot, bool cache_qdo) { return bf16_dot || cache_qdo ? 1 : kMaxKeyGroup; }
+
 template <fa_dtype T>
 Error backward_impl(const Problem& p, int threads) {
   using S = Storage<T>;
@@ -740,29 +749,37 @@ Error backward_impl(const Problem& p, int threads) {
   constexpr int64_t kQgCacheBytes = int64_t(2) << 20;
   const int64_t qg_cache_elems = heads_per_task * q_blocks_max * dm.bq * (dm.dp + dm.dvp);
   const bool cache_qg = bf16_dot && qg_cache_elems > 0 && qg_cache_elems * 2 <= kQgCacheBytes;
+  const size_t kg = size_t(key_group(bf16_dot, cache_qdo));
   bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads)
   {
-    FloatBuffer q(size_t(dm.bq) * dm.dp), g(size_t(dm.bq) * dm.dvp), kt(size_t(dm.dp) * dm.bk),
-        kn(size_t(dm.bk) * dm.dp), vt(size_t(dm.dvp) * dm.bk), s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk),
-        dk(size_t(dm.bk) * dm.dp), dv(size_t(dm.bk) * dm.dvp), dq(size_t(dm.bq) * dm.dp),
-        dk_head(size_t(dm.bk) * dm.dp), dv_head(size_t(dm.bk) * dm.dvp), qdo(cache_qdo ? size_t(cache_floats) : 0),
-        tanh_row(size_t(dm.bk));
+    // K, V and the dK/dV sums of the kg key blocks of a group, one tile each.
+    const size_t kdp = size_t(dm.bk) * dm.dp, kdvp = size_t(dm.bk) * dm.dvp;
+    FloatBuffer q(size_t(dm.bq) * dm.dp), g(size_t(dm.bq) * dm.dvp), kt(kg * kdp), kn(kg * kdp), vt(kg * kdvp),
+        s(size_t(dm.bq) * dm.bk), dp(size_t(dm.bq) * dm.bk), dk(kg * kdp), dv(kg * kdvp), dq(size_t(dm.bq) * dm.dp),
+        dk_head(kg * kdp), dv_head(kg * kdvp), qdo(cache_qdo ? size_t(cache_floats) : 0), tanh_row(size_t(dm.bk));
+    auto kt_of = [&](int gi) { return kt.data() + gi * kdp; };
+    auto kn_of = [&](int gi) { return kn.data() + gi * kdp; };
+    auto vt_of = [&](int gi) { return vt.data() + gi * kdvp; };
     const bool pairs = bf16_dot;
 #if defined(FA_CPU_AMX)
     if (pairs) amx_configure();  // this thread's tiles for gemm_bf16 (tile_gemm.hpp)
 #endif
-    PairBuffer k_pair_buf(pairs ? size_t(dm.dp / 2) * dm.bk : 0), v_pair_buf(pairs ? size_t(dm.dvp / 2) * dm.bk : 0);
+    PairBuffer k_pair_buf(pairs ? kg * kdp / 2 : 0), v_pair_buf(pairs ? kg * kdvp / 2 : 0);
     // Operands of the three GEMMs of P and dS, which run transposed for dK and dV (dV^T += dO^T P, dK^T += Q^T dS:
     // P and dS in bf16 pairs of their query rows, no transposes of them): P and dS pairs, dS in bf16 rows, K in row
     // pairs, Q^T and dO^T in bf16 (per block, or cached per task). dk, dv (and dk_head, dv_head) then hold dK^T, dV^T.
     PairBuffer p_pair_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0), ds_pair_buf(pairs ? size_t(dm.bk) * dm.bq / 2 : 0),
-        ds_r_buf(pairs ? size_t(dm.bq) * dm.bk / 2 : 0), k_rp_buf(pairs ? size_t(dm.bk / 2) * dm.dp : 0),
+        ds_r_buf(pairs ? size_t(dm.bq) * dm.bk / 2 : 0), k_rp_buf(pairs ? kg * kdp / 2 : 0),
         q_t_buf(pairs ? size_t(dm.bq / 2) * dm.dp : 0), g_t_buf(pairs ? size_t(dm.bq / 2) * dm.dvp : 0),
         qg_cache(cache_qg ? size_t(qg_cache_elems / 2) : 0), q_pad_buf(pairs ? size_t(dm.bq) * dm.d / 2 : 0),
         g_pad_buf(pairs ? size_t(dm.bq) * dm.dv / 2 : 0);
     uint32_t *k_pairs = k_pair_buf.data(), *v_pairs = v_pair_buf.data(), *k_rp = k_rp_buf.data(),
              *p_pairs = p_pair_buf.data(), *ds_pairs = ds_pair_buf.data();
+    auto k_pairs_of = [&](int gi) { return k_pairs + gi * kdp / 2; };
+    auto v_pairs_of = [&](int gi) { return v_pairs + gi * kdvp / 2; };
+    auto k_rp_of = [&](int gi) { return k_rp + gi * kdp / 2; };
+    (void)k_pairs_of, (void)v_pairs_of, (void)k_rp_of, (void)kt_of, (void)kn_of, (void)vt_of;
     auto* ds_r = reinterpret_cast<uint16_t*>(ds_r_buf.data());
     (void)k_pairs, (void)v_pairs, (void)k_rp, (void)p_pairs, (void)ds_pairs, (void)ds_r;
     const bool ok =
@@ -822,29 +839,38 @@ Error backward_impl(const Problem& p, int threads) {
             load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, q_tile(h, qb));
             load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, g_tile(h, qb));
           }
-      for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
-        const int64_t j0 = kb * dm.bk;
-        const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
-        if (!bf16_dot) {  // fp32 operands (bf16 dot products read the bf16 inputs)
-          load_tile_t<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, dm.bk, kt.data());
-          load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, kn.data());
-          load_tile_t<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, dm.bk, vt.data());
-        }
+      // Key blocks in groups of kg: each query block's Q and dO tiles (and its dQ rows) are loaded once per group
+      // instead of once per key block; within the group each block's arithmetic, and its order, is unchanged.
+      for (int64_t kb0 = kb_begin; kb0 < kb_end; kb0 += int64_t(kg)) {
+        const int ng = int(std::min<int64_t>(int64_t(kg), kb_end - kb0));
+        int64_t j0s[kMaxKeyGroup];
+        int colss[kMaxKeyGroup];
+        for (int gi = 0; gi < ng; ++gi) {
+          const int64_t j0 = (kb0 + gi) * dm.bk;
+          const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
+          j0s[gi] = j0;
+          colss[gi] = cols;
+          if (!bf16_dot) {  // fp32 operands (bf16 dot products read the bf16 inputs)
+            load_tile_t<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, dm.bk, kt_of(gi));
+            load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, kn_of(gi));
+            load_tile_t<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, dm.bk, vt_of(gi));
+          }
 #if defined(FA_CPU_BF16_DOT)
-        // bf16: S = Q K^T and dP = dO V^T from the bf16 inputs in bf16 dot products, K and V packed here.
-        if constexpr (T == FA_BFLOAT16) {
-          pack_rows<T>(p, p.k, p.k_layout, b, hk, j0, cols, dm.bk, dm.d, k_pairs);
-          pack_rows<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, v_pairs);
-          pack_row_pairs<T>(p, p.k, p.k_layout, b, hk, j0, cols, dm.bk, dm.d, dm.dp, k_rp);
-        }
+          // bf16: S = Q K^T and dP = dO V^T from the bf16 inputs in bf16 dot products, K and V packed here.
+          if constexpr (T == FA_BFLOAT16) {
+            pack_rows<T>(p, p.k, p.k_layout, b, hk, j0, cols, dm.bk, dm.d, k_pairs_of(gi));
+            pack_rows<T>(p, p.v, p.v_layout, b, hk, j0, cols, dm.bk, dm.dv, v_pairs_of(gi));
+            pack_row_pairs<T>(p, p.k, p.k_layout, b, hk, j0, cols, dm.bk, dm.d, dm.dp, k_rp_of(gi));
+          }
 #endif
+        }
         dk.zero();
         dv.zero();
         // One head's sums over the query blocks, then the heads' in ascending order (the order the per-query-head
         // accumulators were summed in before).
         for (int64_t h = h_begin; h < h_end; ++h) {
-          float* hk_dk = h == h_begin ? dk.data() : dk_head.data();
-          float* hk_dv = h == h_begin ? dv.data() : dv_head.data();
+          float* const head_dk = h == h_begin ? dk.data() : dk_head.data();
+          float* const head_dv = h == h_begin ? dv.data() : dv_head.data();
           if (h != h_begin) {
             dk_head.zero();
             dv_head.zero();
@@ -854,7 +880,14 @@ Error backward_impl(const Problem& p, int threads) {
             const int rows = int(std::min<int64_t>(dm.bq, lq - i0));
             const detail::KeyRange first = detail::visible_keys(p, i0, lq, lk);
             const detail::KeyRange last = detail::visible_keys(p, i0 + rows - 1, lq, lk);
-            if (first.lo >= j0 + cols || last.hi <= j0) continue;  // no row of this block sees this key block
+            // The group's blocks that some row of this query block sees.
+            bool seen[kMaxKeyGroup];
+            bool any = false;
+            for (int gi = 0; gi < ng; ++gi) {
+              seen[gi] = !(first.lo >= j0s[gi] + colss[gi] || last.hi <= j0s[gi]);
+              any = any || seen[gi];
+            }
+            if (!any) continue;
             float* qt = q.data();
             float* gt = g.data();
             if (cache_qdo) {
@@ -864,14 +897,13 @@ Error backward_impl(const Problem& p, int threads) {
               load_tile<T>(p, p.q, p.q_layout, b, h, i0, dm.bq, rows, dm.d, dm.dp, qt);
               load_tile<T>(p, p.dout, p.dout_layout, b, h, i0, dm.bq, rows, dm.dv, dm.dvp, gt);
             }
-            bool scored = false;
 #if defined(FA_CPU_BF16_DOT)
+            auto* qp = reinterpret_cast<uint16_t*>(q_pad_buf.data());
+            auto* gp = reinterpret_cast<uint16_t*>(g_pad_buf.data());
             if constexpr (T == FA_BFLOAT16) {
               // Q and dO rows copied into dense zero-padded tiles, so that every block takes the same arithmetic;
               // not read in place: AMX tile loads of rows one (B, S, H, D) row apart stall on the TLB, and the copy
               // made the backward 5-11% faster (d128, 1k/4k, 2 threads, the file K's copy in the forward cites).
-              auto* qp = reinterpret_cast<uint16_t*>(q_pad_buf.data());
-              auto* gp = reinterpret_cast<uint16_t*>(g_pad_buf.data());
               const auto* qsrc = static_cast<const uint16_t*>(p.q);
               const auto* gsrc = static_cast<const uint16_t*>(p.dout);
               for (int r = 0; r < rows; ++r) {
@@ -880,106 +912,124 @@ Error backward_impl(const Problem& p, int threads) {
               }
               std::fill(qp + int64_t(rows) * dm.d, qp + int64_t(dm.bq) * dm.d, uint16_t(0));
               std::fill(gp + int64_t(rows) * dm.dv, gp + int64_t(dm.bq) * dm.dv, uint16_t(0));
-              gemm_bf16<false>(dm.bq, dm.bk, dm.d, qp, dm.d, k_pairs, dm.bk, s.data(), dm.bk);
-              gemm_bf16<false>(dm.bq, dm.bk, dm.dv, gp, dm.dv, v_pairs, dm.bk, dp.data(), dm.bk);
-              scored = true;
             }
 #endif
-            if (!scored) {
-              gemm<false>(dm.bq, dm.bk, dm.dp, qt, dm.dp, kt.data(), dm.bk, s.data(), dm.bk);
-              gemm<false>(dm.bq, dm.bk, dm.dvp, gt, dm.dvp, vt.data(), dm.bk, dp.data(), dm.bk);
-            }
-            for (int r = 0; r < dm.bq; ++r) {
-              float* sr = s.data() + int64_t(r) * dm.bk;   // becomes P
-              float* dr = dp.data() + int64_t(r) * dm.bk;  // becomes dS (raw-score gradient)
-              if (r >= rows) {
-                std::fill(sr, sr + dm.bk, 0.f);
-                std::fill(dr, dr + dm.bk, 0.f);
-                continue;
+            for (int gi = 0; gi < ng; ++gi) {
+              if (!seen[gi]) continue;
+              const int64_t j0 = j0s[gi];
+              const int cols = colss[gi];
+              float* const hk_dk = head_dk + int64_t(gi) * dm.bk * dm.dp;
+              float* const hk_dv = head_dv + int64_t(gi) * dm.bk * dm.dvp;
+              bool scored = false;
+#if defined(FA_CPU_BF16_DOT)
+              if constexpr (T == FA_BFLOAT16) {
+                gemm_bf16<false>(dm.bq, dm.bk, dm.d, qp, dm.d, k_pairs_of(gi), dm.bk, s.data(), dm.bk);
+                gemm_bf16<false>(dm.bq, dm.bk, dm.dv, gp, dm.dv, v_pairs_of(gi), dm.bk, dp.data(), dm.bk);
+                scored = true;
               }
-              const int64_t row = qrow(b, i0 + r);
-              RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
-              logits_row(t, j0, dm.bk, sr, tanh_row.data());
-              const float lse_r = lse.data()[h * tq + row], d_r = D.data()[h * tq + row];
-              if (t.softcap == 0.f && !p.dropout.on) {
-                // The common row (no softcap, no dropout) in vectors: P = e^(s - lse), dS = P (dP - D) scale, with
-                // dS = 0 exactly where P = 0 (masked keys) and fully masked rows (lse = -inf) all zero.
-                const vfloat zero{}, lse_v = vbroadcast(lse_r), d_v = vbroadcast(d_r), scale_v = vbroadcast(t.scale);
-                const bool empty = lse_r == kNegInf;
-                for (int c = 0; c < dm.bk; c += kVecFloats) {
-                  const vfloat pr = empty ? zero : exp_nonpositive(vload(sr + c) - lse_v);
-                  const vfloat ds = pr * (vload(dr + c) - d_v) * scale_v;
-                  vstore(dr + c, pr != zero ? ds : zero);
-                  vstore(sr + c, pr);
+#endif
+              if (!scored) {
+                gemm<false>(dm.bq, dm.bk, dm.dp, qt, dm.dp, kt_of(gi), dm.bk, s.data(), dm.bk);
+                gemm<false>(dm.bq, dm.bk, dm.dvp, gt, dm.dvp, vt_of(gi), dm.bk, dp.data(), dm.bk);
+              }
+              for (int r = 0; r < dm.bq; ++r) {
+                float* sr = s.data() + int64_t(r) * dm.bk;   // becomes P
+                float* dr = dp.data() + int64_t(r) * dm.bk;  // becomes dS (raw-score gradient)
+                if (r >= rows) {
+                  std::fill(sr, sr + dm.bk, 0.f);
+                  std::fill(dr, dr + dm.bk, 0.f);
+                  continue;
+                }
+                const int64_t row = qrow(b, i0 + r);
+                RowTransform t = row_transform(p, b, h, i0 + r, lq, lk, j0, dm.bk);
+                logits_row(t, j0, dm.bk, sr, tanh_row.data());
+                const float lse_r = lse.data()[h * tq + row], d_r = D.data()[h * tq + row];
+                if (t.softcap == 0.f && !p.dropout.on) {
+                  // The common row (no softcap, no dropout) in vectors: P = e^(s - lse), dS = P (dP - D) scale, with
+                  // dS = 0 exactly where P = 0 (masked keys) and fully masked rows (lse = -inf) all zero.
+                  const vfloat zero{}, lse_v = vbroadcast(lse_r), d_v = vbroadcast(d_r), scale_v = vbroadcast(t.scale);
+                  const bool empty = lse_r == kNegInf;
+                  for (int c = 0; c < dm.bk; c += kVecFloats) {
+                    const vfloat pr = empty ? zero : exp_nonpositive(vload(sr + c) - lse_v);
+                    const vfloat ds = pr * (vload(dr + c) - d_v) * scale_v;
+                    vstore(dr + c, pr != zero ? ds : zero);
+                    vstore(sr + c, pr);
+                  }
+                  continue;
+                }
+                for (int c = 0; c < dm.bk; ++c) {
+                  // Fully masked rows (lse = -inf) have P = 0, not exp(-inf + inf).
+                  const float pr = lse_r == kNegInf ? 0.f : exp_nonpositive(sr[c] - lse_r);
+                  // d logit / d raw score: scale, times the softcap derivative 1 - tanh^2, from the tanh the logit was
+                  // made of (the logit plus the ALiBi bias would carry the bias's rounding into it).
+                  const float dcap = t.softcap > 0.f && pr != 0.f ? 1.f - tanh_row.data()[c] * tanh_row.data()[c] : 1.f;
+                  // Dropout: dV takes Z = P m / (1 - p), dS = P (dZ m / (1 - p) - D) (D = dO.O already has it).
+                  const float keep = p.dropout.on && c < cols ? p.dropout.factor(b, H, h, i0 + r, j0 + c) : 1.f;
+                  // Masked keys (pr == 0) get dS = 0 exactly; a NaN pr still propagates.
+                  dr[c] = pr != 0.f ? pr * (dr[c] * keep - d_r) * dcap * t.scale : 0.f;
+                  sr[c] = pr * keep;
+                }
+              }
+#if defined(FA_CPU_BF16_DOT)
+              if constexpr (T == FA_BFLOAT16) {
+                // bf16: P and dS rounded to bf16 (as the GPU kernels round them) and the
+                // three GEMMs they feed in bf16 dot products: dV += P^T dO, dK += dS^T Q, dQ += dS K.
+                key_pairs_of(s.data(), dm.bk, dm.bq, p_pairs);    // P in pairs of query rows
+                key_pairs_of(dp.data(), dm.bk, dm.bq, ds_pairs);  // dS likewise
+                rows_to_bf16(dp.data(), dm.bq * dm.bk, ds_r);     // dS (queries x keys)
+                const auto [q_t16, g_t16] = qg_t(h, i0 / dm.bq, !cache_qg);
+                gemm_bf16<true>(dm.dvp, dm.bk, dm.bq, g_t16, dm.bq, p_pairs, dm.bk, hk_dv, dm.bk);
+                gemm_bf16<true>(dm.dp, dm.bk, dm.bq, q_t16, dm.bq, ds_pairs, dm.bk, hk_dk, dm.bk);
+                if (rows == dm.bq) {
+                  gemm_bf16<true>(dm.bq, dm.dp, dm.bk, ds_r, dm.bk, k_rp_of(gi), dm.dp, dq_part + qrow(b, i0) * dm.dp,
+                                  dm.dp);
+                } else {
+                  gemm_bf16<false>(dm.bq, dm.dp, dm.bk, ds_r, dm.bk, k_rp_of(gi), dm.dp, dq.data(), dm.dp);
+                  for (int r = 0; r < rows; ++r) {
+                    float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
+                    const float* src = dq.data() + int64_t(r) * dm.dp;
+                    for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
+                  }
                 }
                 continue;
               }
-              for (int c = 0; c < dm.bk; ++c) {
-                // Fully masked rows (lse = -inf) have P = 0, not exp(-inf + inf).
-                const float pr = lse_r == kNegInf ? 0.f : exp_nonpositive(sr[c] - lse_r);
-                // d logit / d raw score: scale, times the softcap derivative 1 - tanh^2, from the tanh the logit was
-                // made of (the logit plus the ALiBi bias would carry the bias's rounding into it).
-                const float dcap = t.softcap > 0.f && pr != 0.f ? 1.f - tanh_row.data()[c] * tanh_row.data()[c] : 1.f;
-                // Dropout: dV takes Z = P m / (1 - p), dS = P (dZ m / (1 - p) - D) (D = dO.O already has it).
-                const float keep = p.dropout.on && c < cols ? p.dropout.factor(b, H, h, i0 + r, j0 + c) : 1.f;
-                // Masked keys (pr == 0) get dS = 0 exactly; a NaN pr still propagates.
-                dr[c] = pr != 0.f ? pr * (dr[c] * keep - d_r) * dcap * t.scale : 0.f;
-                sr[c] = pr * keep;
-              }
-            }
-#if defined(FA_CPU_BF16_DOT)
-            if constexpr (T == FA_BFLOAT16) {
-              // bf16: P and dS rounded to bf16 (as the GPU kernels round them) and the
-              // three GEMMs they feed in bf16 dot products: dV += P^T dO, dK += dS^T Q, dQ += dS K.
-              key_pairs_of(s.data(), dm.bk, dm.bq, p_pairs);    // P in pairs of query rows
-              key_pairs_of(dp.data(), dm.bk, dm.bq, ds_pairs);  // dS likewise
-              rows_to_bf16(dp.data(), dm.bq * dm.bk, ds_r);     // dS (queries x keys)
-              const auto [q_t16, g_t16] = qg_t(h, i0 / dm.bq, !cache_qg);
-              gemm_bf16<true>(dm.dvp, dm.bk, dm.bq, g_t16, dm.bq, p_pairs, dm.bk, hk_dv, dm.bk);
-              gemm_bf16<true>(dm.dp, dm.bk, dm.bq, q_t16, dm.bq, ds_pairs, dm.bk, hk_dk, dm.bk);
+#endif
+              // dV += P^T dO and dK += dS^T Q read P and dS transposed in place (no transpose copies).
+              gemm<true, ALayout::kTransposed>(dm.bk, dm.dvp, dm.bq, s.data(), dm.bk, gt, dm.dvp, hk_dv, dm.dvp);
+              gemm<true, ALayout::kTransposed>(dm.bk, dm.dp, dm.bq, dp.data(), dm.bk, qt, dm.dp, hk_dk, dm.dp);
               if (rows == dm.bq) {
-                gemm_bf16<true>(dm.bq, dm.dp, dm.bk, ds_r, dm.bk, k_rp, dm.dp, dq_part + qrow(b, i0) * dm.dp, dm.dp);
+                // A full block's rows are consecutive rows of the accumulator: dQ += dS K straight into it.
+                gemm<true>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn_of(gi), dm.dp, dq_part + qrow(b, i0) * dm.dp,
+                           dm.dp);
               } else {
-                gemm_bf16<false>(dm.bq, dm.dp, dm.bk, ds_r, dm.bk, k_rp, dm.dp, dq.data(), dm.dp);
+                gemm<false>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn_of(gi), dm.dp, dq.data(), dm.dp);
                 for (int r = 0; r < rows; ++r) {
                   float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
                   const float* src = dq.data() + int64_t(r) * dm.dp;
                   for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
                 }
               }
-              continue;
-            }
-#endif
-            // dV += P^T dO and dK += dS^T Q read P and dS transposed in place (no transpose copies).
-            gemm<true, ALayout::kTransposed>(dm.bk, dm.dvp, dm.bq, s.data(), dm.bk, gt, dm.dvp, hk_dv, dm.dvp);
-            gemm<true, ALayout::kTransposed>(dm.bk, dm.dp, dm.bq, dp.data(), dm.bk, qt, dm.dp, hk_dk, dm.dp);
-            if (rows == dm.bq) {
-              // A full block's rows are consecutive rows of the accumulator: dQ += dS K straight into it.
-              gemm<true>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq_part + qrow(b, i0) * dm.dp, dm.dp);
-            } else {
-              gemm<false>(dm.bq, dm.dp, dm.bk, dp.data(), dm.bk, kn.data(), dm.dp, dq.data(), dm.dp);
-              for (int r = 0; r < rows; ++r) {
-                float* acc = dq_part + qrow(b, i0 + r) * dm.dp;
-                const float* src = dq.data() + int64_t(r) * dm.dp;
-                for (int c = 0; c < dm.dp; ++c) acc[c] += src[c];
-              }
             }
           }
           if (h != h_begin) {
-            for (int64_t i = 0; i < int64_t(dm.bk) * dm.dp; ++i) dk.data()[i] += dk_head.data()[i];
-            for (int64_t i = 0; i < int64_t(dm.bk) * dm.dvp; ++i) dv.data()[i] += dv_head.data()[i];
+            for (int64_t i = 0; i < int64_t(ng) * int64_t(kdp); ++i) dk.data()[i] += dk_head.data()[i];
+            for (int64_t i = 0; i < int64_t(ng) * int64_t(kdvp); ++i) dv.data()[i] += dv_head.data()[i];
           }
         }
-        for (int c = 0; c < cols; ++c) {
-          const int64_t row = krow(b, j0 + c);
-          float* dk_row = dk_acc.data() + (acc_head * tk + row) * dm.dp;
-          float* dv_row = dv_acc.data() + (acc_head * tk + row) * dm.dvp;
-          if (pairs) {  // dK^T, dV^T
-            for (int e = 0; e < dm.dp; ++e) dk_row[e] = dk.data()[int64_t(e) * dm.bk + c];
-            for (int e = 0; e < dm.dvp; ++e) dv_row[e] = dv.data()[int64_t(e) * dm.bk + c];
-          } else {
-            std::copy(dk.data() + int64_t(c) * dm.dp, dk.data() + int64_t(c + 1) * dm.dp, dk_row);
-            std::copy(dv.data() + int64_t(c) * dm.dvp, dv.data() + int64_t(c + 1) * dm.dvp, dv_row);
+        for (int gi = 0; gi < ng; ++gi) {
+          const float* const blk_dk = dk.data() + int64_t(gi) * dm.bk * dm.dp;
+          const float* const blk_dv = dv.data() + int64_t(gi) * dm.bk * dm.dvp;
+          for (int c = 0; c < colss[gi]; ++c) {
+            const int64_t row = krow(b, j0s[gi] + c);
+            float* dk_row = dk_acc.data() + (acc_head * tk + row) * dm.dp;
+            float* dv_row = dv_acc.data() + (acc_head * tk + row) * dm.dvp;
+            if (pairs) {  // dK^T, dV^T
+              for (int e = 0; e < dm.dp; ++e) dk_row[e] = blk_dk[int64_t(e) * dm.bk + c];
+              for (int e = 0; e < dm.dvp; ++e) dv_row[e] = blk_dv[int64_t(e) * dm.bk + c];
+            } else {
+              std::copy(blk_dk + int64_t(c) * dm.dp, blk_dk + int64_t(c + 1) * dm.dp, dk_row);
+              std::copy(blk_dv + int64_t(c) * dm.dvp, blk_dv + int64_t(c + 1) * dm.dvp, dv_row);
+            }
           }
         }
       }
