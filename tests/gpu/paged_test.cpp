@@ -1,9 +1,9 @@
 // Paged K/V on the CUDA backends: a paged call equals the contiguous call over the same keys bit for bit on the
 // same backend (tests/paged_case.hpp; the contiguous calls are checked against the float64 reference by the
 // forward suite). The cases cover each read path of the plan: sm90 TMA boxes of whole key blocks (page size a
-// multiple of the block), of 16-row boxes (a multiple of 16), sm90 cp.async row gathers (any other page size), and
-// the gathered copy (every sm80 call, a cache without pages), with GQA packing, split-KV, causal chunks of several
-// queries and sequences of 0 keys.
+// multiple of the block), of 16-row boxes (a multiple of 16, tiles of more than 64 rows), sm90 cp.async row gathers
+// (any other page size or tile), and the gathered copy (every sm80 call, a cache without pages), with GQA packing,
+// split-KV, causal chunks of several queries and sequences of 0 keys.
 #include "gpu_support.hpp"
 #include "paged_case.hpp"
 
@@ -143,11 +143,11 @@ TEST(Paged, EqualsContiguous) {
   constexpr fa_backend k90 = FA_BACKEND_CUDA_SM90, k80 = FA_BACKEND_CUDA_SM80;
   // clang-format off
   const std::vector<PagedCase> cases = {
-      make("sm90 d128 page 16 (row boxes)",          k90, 128,  16, 40, {600, 0, 129, 1}),
+      make("sm90 d128 page 16 decode (rows)",        k90, 128,  16, 40, {600, 0, 129, 1}),
       with(make("sm90 d128 page 16 splits 5",        k90, 128,  16, 40, {640, 333}), 1, false, 5),
       make("sm90 d128 page 128 (block boxes)",       k90, 128, 128,  5, {640, 127, 300}),
       make("sm90 d128 page 256",                     k90, 128, 256,  3, {700, 256}),
-      make("sm90 d128 page 48 (row boxes)",          k90, 128,  48, 12, {500, 47, 49}),
+      make("sm90 d128 page 48",                      k90, 128,  48, 12, {500, 47, 49}),
       make("sm90 d128 page 3 (rows)",                k90, 128,   3, 90, {260, 5}),
       make("sm90 d128 page 1 (rows)",                k90, 128,   1, 70, {70, 33}),
       with(make("sm90 d128 page 16 causal q 5",      k90, 128,  16, 20, {300, 5, 17}), 5, true),
@@ -182,9 +182,10 @@ TEST(PagedSanitizer, ReadPaths) {
   SKIP_WITHOUT_GPU();
   constexpr fa_backend k90 = FA_BACKEND_CUDA_SM90, k80 = FA_BACKEND_CUDA_SM80;
   const std::vector<PagedCase> cases = {
-      make("sm90 row boxes", k90, 128, 16, 12, {190, 3}),
+      with(make("sm90 row boxes q 70", k90, 128, 16, 12, {190, 3}), 70, true),
+      make("sm90 rows page 16 decode", k90, 128, 16, 12, {190, 3}),
       make("sm90 block boxes", k90, 128, 128, 2, {200, 1}),
-      with(make("sm90 row boxes splits 3", k90, 64, 16, 16, {256, 40}), 1, false, 3),
+      with(make("sm90 rows page 16 splits 3", k90, 64, 16, 16, {256, 40}), 1, false, 3),
       with(make("sm90 rows splits 3", k90, 128, 5, 60, {256, 40}), 1, false, 3),
       make("sm90 rows page 3", k90, 128, 3, 40, {100, 0}),
       make("sm90 rows d256 page 1", k90, 256, 1, 100, {90, 7}),

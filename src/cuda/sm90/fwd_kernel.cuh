@@ -53,13 +53,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     ss.barrier_q.init(1);
   }
   // A K/V stage is full when its TMA bytes have landed (the leader's arrival announces them), or, for paged rows
-  // gathered with cp.async (Load::load_rows), when each lane of the producer warp has arrived on completion of its
-  // copies.
+  // gathered with cp.async (Load::load_rows), when each lane of the producer warpgroup has arrived on completion of
+  // its copies.
   typename Pipeline::Params pipe_params;
   pipe_params.transaction_bytes = Traits::kTileBytesKV;
   pipe_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pipe_params.is_leader = is_tma_thread && !p.paged_rows;
-  pipe_params.num_producers = p.paged_rows ? Load::kProducerWarpThreads : 1;
+  pipe_params.num_producers = p.paged_rows ? Load::kRowThreads : 1;
   pipe_params.num_consumers = Traits::kConsumerThreads;
   Pipeline pipe_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
   // FP8 reads V from its transposed copy with TMA whatever K's paging (fwd_load.cuh).
@@ -76,10 +76,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                             kp.tile_counter};
 
   if (warp_group == 0) {
-    // Producer warpgroup: gives its registers to the consumers; one warp issues the loads.
+    // Producer warpgroup: gives its registers to the consumers; one warp issues the loads, and with paged rows the
+    // other three share the row gathers.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (warp != 0) return;
-    Load load(kp, ss, pipe_k, pipe_v);
+    if (warp != 0 && !p.paged_rows) return;
+    Load load(kp, ss, pipe_k, pipe_v, warp);
+    if (warp != 0) {
+      load.follow(sched);
+      return;
+    }
     for (int idx = blockIdx.x; idx < sched.count(); idx = sched.next(idx, is_tma_thread)) load.load(sched, idx);
     load.finish(sched);
     return;

@@ -1,8 +1,9 @@
 // The load collective of the sm90 forward: one producer warp issues the TMA loads of Q (per tile) and of K/V (per
 // key block) into a multi-stage pipeline completing on mbarriers. GQA-packed tiles gather Q in the consumers
 // instead (gather_q_packed): their rows are (position, head) pairs, not a TMA box. Paged K/V: TMA boxes of
-// whole key blocks or of 16 rows inside one page (load_boxes), or rows gathered by the warp with cp.async
-// (load_rows). The consumers only see pipeline stages.
+// whole key blocks or of 16 rows inside one page (load_boxes), or rows gathered with cp.async by all four warps of
+// the producer warpgroup (load_rows; warps 1-3 follow the tiles warp 0 publishes). The consumers only see pipeline
+// stages.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -30,6 +31,9 @@ struct FwdLoad {
   static constexpr int kWgRows = Traits::kWgRows, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kWGs = Traits::kConsumerWGs, kWgThreads = Traits::kWgThreads;
   static constexpr int kProducerWarpThreads = 32;
+  // Paged rows (load_rows): every warp of the producer warpgroup gathers a share of each block's rows.
+  static constexpr int kRowWarps = Traits::kWgThreads / kProducerWarpThreads;
+  static constexpr int kRowThreads = Traits::kWgThreads;  // producer arrivals per stage in that mode
   static constexpr int kQSpaceThreads = Traits::kConsumerThreads + kProducerWarpThreads;
 
   // Q-space protocol (the producer warp and every consumer thread): the consumers release the space of a tile's Q
@@ -42,12 +46,14 @@ struct FwdLoad {
   Pipeline& pipe_k;
   Pipeline& pipe_v;
   bool leader;  // the lane that issues the copies
+  int warp;     // of the producer warpgroup: 0 issues everything but the row gathers, which all four share
   PipelineState k_write = cutlass::make_producer_start_state<Pipeline>();
   PipelineState v_write = cutlass::make_producer_start_state<Pipeline>();
   bool first_tile = true;
 
-  __device__ FwdLoad(const KernelParams<Traits>& kp_, typename Traits::SharedStorage& ss_, Pipeline& k, Pipeline& v)
-      : kp(kp_), ss(ss_), pipe_k(k), pipe_v(v), leader(threadIdx.x == 0) {}
+  __device__ FwdLoad(const KernelParams<Traits>& kp_, typename Traits::SharedStorage& ss_, Pipeline& k, Pipeline& v,
+                     int warp_)
+      : kp(kp_), ss(ss_), pipe_k(k), pipe_v(v), leader(threadIdx.x == 0), warp(warp_) {}
 
   // Loads tile `idx` (skipping tiles without rows) and publishes it to the consumers with its Q load. The K/V
   // sources are separate walks so that each keeps only its own state live (the producer has 24 registers).
@@ -190,12 +196,50 @@ struct FwdLoad {
                get<1>(q_parts)(_, w));
       }
     }
-    // Q.K^T of block n-1 is issued before P.V of block n (intra-warpgroup overlap): K(n-1) before V(n).
+    rest_of_blocks(range, load_k, load_v);
+  }
+
+  // The blocks after the first K: Q.K^T of block n-1 is issued before P.V of block n (intra-warpgroup overlap), so
+  // K(n-1) before V(n). Every producer warp takes this order (follow), so that their stages line up.
+  template <class LoadK, class LoadV>
+  __device__ static void rest_of_blocks(const BlockRange& range, LoadK&& load_k, LoadV&& load_v) {
     for (int n = range.hi - 1; n > range.lo; --n) {
       load_k(n - 1);
       load_v(n);
     }
     if (range.hi > range.lo) load_v(range.lo);
+  }
+
+  // Warps 1-3 of the producer warpgroup with paged rows: each tile warp 0 publishes (barrier_q, as the consumers
+  // see it), their share of its rows of K (and V, unless FP8 reads V by TMA) in warp 0's block order. They cannot
+  // miss a publication: warp 0 publishes the next tile only after the consumers released this one's Q space, which
+  // they do only after consuming every stage of this tile, which holds these warps' rows.
+  __device__ void follow(const TileScheduler& sched) {
+    const FwdParams& p = kp.p;
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    int q_phase = 0;
+    for (;;) {
+      ss.barrier_q.wait(q_phase);
+      q_phase ^= 1;
+      const int idx = published_tile(ss.tile_idx);
+      if (idx >= sched.count()) break;
+      const Tile tile(p, sched.tile(idx));
+      const int kv_head = kPackGQA ? tile.t.head : tile.t.head / p.group;
+      auto load_k = [&](int n) {
+        load_rows<false>(sK, tile, kv_head, n, pipe_k, k_write);
+        ++k_write;
+      };
+      auto load_v = [&](int n) {
+        if constexpr (!Traits::kVTransposed) {
+          load_rows<true>(sV, tile, kv_head, n, pipe_v, v_write);
+          ++v_write;
+        }
+      };
+      if (tile.range.hi > tile.range.lo) load_k(tile.range.hi - 1);
+      rest_of_blocks(tile.range, load_k, load_v);
+    }
+    cp_async_wait<0>();  // no copy outlives its issuing lane
   }
 
   // Key block n of a paged tile into the next stage: key j of the sequence is slot j % page_size of page
@@ -249,25 +293,26 @@ struct FwdLoad {
     }
   }
 
-  // Key block n of a paged tile of a page size no TMA box divides (not a multiple of 16), gathered row by row by the
-  // producer warp with 16-byte cp.async. One warp issuing 64 copies per 32 KiB stage reads 0.9 TB/s at decode, below
-  // the 16-row TMA boxes (bench/results/2026-12-02_h200_session12); it replaces the gathered contiguous copy of the
-  // whole cache these page sizes took before. Lane l looks up the pages of rows l, l + 32, ... of the block and
-  // leaves each row's global address in shared memory (ss.row_addr: the producer's 24 registers do not hold them)
-  // before the stage is acquired, so that the table's latency runs under that wait. Rows at or past the sequence's
-  // keys hold the last key's row with bit 0 set (rows are 16-byte aligned): they are zero filled (src-size 0, from
-  // an address inside the tensor), as are columns past the tensor's real head dim, so no stage holds stale rows and
-  // the consumers need no V tail zeroing. Each lane arrives on the stage's barrier when its copies have landed
-  // (cp.async.mbarrier.arrive.noinc: the kernel counts 32 producer arrivals per stage in this mode), as CUTLASS's
-  // sm90 cp.async warp-specialized GEMM signals its stages.
+  // Key block n of a paged tile, gathered row by row with 16-byte cp.async by the four producer warps: warp w takes
+  // the 32-row chunks c of the block with c % 4 == w. One warp alone read 0.9 TB/s at decode, below the 16-row TMA
+  // boxes (bench/results/2026-12-02_h200_session12). Lane l of a warp looks up the page of row 32 c + l of each of
+  // its chunks and leaves the row's global address in shared memory (ss.row_addr: the producer's 24 registers do
+  // not hold them) before the stage is acquired, so that the table's latency runs under that wait; a warp reads only
+  // the addresses it wrote. Rows at or past the sequence's keys hold the last key's row with bit 0 set (rows are
+  // 16-byte aligned): they are zero filled (src-size 0, from an address inside the tensor), as are columns past the
+  // tensor's real head dim, so no stage holds stale rows and the consumers need no V tail zeroing. Each lane arrives
+  // on the stage's barrier when its copies have landed (cp.async.mbarrier.arrive.noinc: the kernel counts
+  // kRowThreads producer arrivals per stage in this mode), as CUTLASS's sm90 cp.async warp-specialized GEMM signals
+  // its stages.
   template <bool kV, class Smem>
   __device__ void load_rows(Smem& sX, const Tile& tile, int kv_head, int n, Pipeline& pipe, PipelineState& state) {
     constexpr int kWarp = kProducerWarpThreads;
     constexpr int kChunkElems = int(sizeof(cute::uint128_t) / sizeof(Element));
     constexpr int kChunks = kHeadDim / kChunkElems;  // 16-byte chunks per row
     constexpr int kLanesPerRow = (kChunks & -kChunks) < kWarp ? (kChunks & -kChunks) : kWarp;
-    constexpr int kRowsPerCopy = kWarp / kLanesPerRow;      // rows one warp-wide copy covers
-    constexpr int kChunksPerLane = kChunks / kLanesPerRow;  // of each of those rows
+    constexpr int kRowsPerCopy = kWarp / kLanesPerRow;         // rows one warp-wide copy covers
+    constexpr int kChunksPerLane = kChunks / kLanesPerRow;     // of each of those rows
+    constexpr int kRowChunks = (kBlockN + kWarp - 1) / kWarp;  // 32-row chunks of the block
     static_assert(kHeadDim % kChunkElems == 0 && kChunks % kLanesPerRow == 0 && kBlockN % kRowsPerCopy == 0);
     const FwdParams& p = kp.p;
     const int lane = lane_here();
@@ -275,9 +320,8 @@ struct FwdLoad {
     const int key0 = n * kBlockN, last = tile.seq.len_k - 1;  // a loaded block holds keys: key0 <= last
     const char* base = static_cast<const char*>(kV ? p.v : p.k) +
                        int64_t(kv_head) * (kV ? p.v_head : p.k_head) * int64_t(sizeof(Element));
-    CUTE_UNROLL
-    for (int r0 = 0; r0 < kBlockN; r0 += kWarp) {
-      const int row = r0 + lane;
+    for (int c = warp; c < kRowChunks; c += kRowWarps) {
+      const int row = c * kWarp + lane;
       int page, slot;
       kp.page_size_div(page, slot, min(key0 + row, last));  // past the keys: the last key (no branch)
       const uint64_t addr = uint64_t(
@@ -290,18 +334,21 @@ struct FwdLoad {
     const int stage = state.index();
     const int cols = kV ? p.head_dim_v : p.head_dim;
     const int col0 = (lane % kLanesPerRow) * kChunkElems;
+    for (int c = warp; c < kRowChunks; c += kRowWarps) {
 #pragma unroll 4
-    for (int i = 0; i < kBlockN / kRowsPerCopy; ++i) {
-      const int row = i * kRowsPerCopy + lane / kLanesPerRow;
-      const uint64_t addr = ss.row_addr[row];
-      const Element* src = reinterpret_cast<const Element*>(addr & ~uint64_t(1));
-      CUTE_UNROLL
-      for (int c = 0; c < kChunksPerLane; ++c) {
-        const int col = col0 + c * kLanesPerRow * kChunkElems;
-        const bool valid = (addr & 1) == 0 && col < cols;
-        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
-            *reinterpret_cast<const cute::uint128_t*>(src + (valid ? col : 0)),
-            *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&sX(row, col, stage))), valid);
+      for (int i = 0; i < kWarp / kRowsPerCopy; ++i) {
+        const int row = c * kWarp + i * kRowsPerCopy + lane / kLanesPerRow;
+        if (row >= kBlockN) break;  // the same for the whole warp: kBlockN is a multiple of kRowsPerCopy
+        const uint64_t addr = ss.row_addr[row];
+        const Element* src = reinterpret_cast<const Element*>(addr & ~uint64_t(1));
+        CUTE_UNROLL
+        for (int k = 0; k < kChunksPerLane; ++k) {
+          const int col = col0 + k * kLanesPerRow * kChunkElems;
+          const bool valid = (addr & 1) == 0 && col < cols;
+          SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+              *reinterpret_cast<const cute::uint128_t*>(src + (valid ? col : 0)),
+              *reinterpret_cast<cute::uint128_t*>(raw_pointer_cast(&sX(row, col, stage))), valid);
+        }
       }
     }
     __syncwarp();  // the addresses are read before the next block's lanes overwrite them
