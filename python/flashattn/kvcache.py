@@ -6,7 +6,8 @@ One call (i) rotates q and the new keys (rotary embedding, interleaved or half-s
 
 The attention reads a contiguous cache in place (its valid length is the kernel's ``seqused_k``), with split-KV
 for decode on cuda-sm90. A paged cache (``block_table``) goes to the C ABI's paged K/V (flashattn.h, Paged K/V:
-the CPU and cuda-sm90 read the pages in place, sm90 with TMA; cuda-sm80 gathers them in its workspace).
+the CPU and cuda-sm90 read the pages in place, sm90 with TMA or cp.async row gathers; cuda-sm80 gathers them in
+its workspace).
 ``cache_batch_idx`` and ``cache_leftpad``, and paged caches under torch.compile or with head dims that need
 padding are gathered here into a contiguous copy of the keys each sequence uses. The rotary step and the cache
 write are torch operations.

@@ -614,7 +614,7 @@ constexpr int kMaxKeyGroup = 4;
 // Key blocks a backward task takes per pass over its query blocks. Where the task's Q and dO do not fit its
 // per-thread cache (more than 4k rows of d128 for one head), they are converted from the inputs per query block
 // and dQ's rows go back to memory per visit: four key blocks per pass quarter that traffic (fp32 d128 16k,
-// 2 threads: backward +25-35% over one block a pass, bench/results/2026-12-02_cpu_session18.md). Cached Q/dO keep
+// 2 threads: backward +18-37% over one block a pass, bench/results/2026-12-02_cpu_session18.md). Cached Q/dO keep
 // one block a pass, as measured before. bf16 dot products already take 128/256-key tiles.
 constexpr int key_group(bool bf16_dot, bool cache_qdo) { return bf16_dot || cache_qdo ? 1 : kMaxKeyGroup; }
 

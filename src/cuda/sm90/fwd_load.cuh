@@ -294,16 +294,16 @@ struct FwdLoad {
   }
 
   // Key block n of a paged tile, gathered row by row with 16-byte cp.async by the four producer warps: warp w takes
-  // the 32-row chunks c of the block with c % 4 == w. One warp alone read 0.9 TB/s at decode, below the 16-row TMA
-  // boxes (bench/results/2026-12-02_h200_session12). Lane l of a warp looks up the page of row 32 c + l of each of
-  // its chunks and leaves the row's global address in shared memory (ss.row_addr: the producer's 24 registers do
-  // not hold them) before the stage is acquired, so that the table's latency runs under that wait; a warp reads only
-  // the addresses it wrote. Rows at or past the sequence's keys hold the last key's row with bit 0 set (rows are
-  // 16-byte aligned): they are zero filled (src-size 0, from an address inside the tensor), as are columns past the
-  // tensor's real head dim, so no stage holds stale rows and the consumers need no V tail zeroing. Each lane arrives
-  // on the stage's barrier when its copies have landed (cp.async.mbarrier.arrive.noinc: the kernel counts
-  // kRowThreads producer arrivals per stage in this mode), as CUTLASS's sm90 cp.async warp-specialized GEMM signals
-  // its stages.
+  // the 32-row chunks c of the block with c % 4 == w: 1.8-2.5 TB/s at decode, where one warp alone read 0.9 and the
+  // 16-row TMA boxes 1.3-1.6 (bench/results/2026-12-02_h200_session18). Lane l of a warp looks up the page of row
+  // 32 c + l of each of its chunks and leaves the row's global address in shared memory (ss.row_addr: the producer's
+  // 24 registers do not hold them) before the stage is acquired, so that the table's latency runs under that wait; a
+  // warp reads only the addresses it wrote. Rows at or past the sequence's keys hold the last key's row with bit 0
+  // set (rows are 16-byte aligned): they are zero filled (src-size 0, from an address inside the tensor), as are
+  // columns past the tensor's real head dim, so no stage holds stale rows and the consumers need no V tail zeroing.
+  // Each lane arrives on the stage's barrier when its copies have landed (cp.async.mbarrier.arrive.noinc: the kernel
+  // counts kRowThreads producer arrivals per stage in this mode), as CUTLASS's sm90 cp.async warp-specialized GEMM
+  // signals its stages.
   template <bool kV, class Smem>
   __device__ void load_rows(Smem& sX, const Tile& tile, int kv_head, int n, Pipeline& pipe, PipelineState& state) {
     constexpr int kWarp = kProducerWarpThreads;
