@@ -202,5 +202,88 @@ TEST(CpuForward, ThreadCountDoesNotChangeBits) {
   EXPECT_EQ(a.out, b.out);
 }
 
+// fa_forward_probs (flash_attn's S_dmask): |probs| are the softmax probabilities and their sign the dropout mask the
+// forward applied: out = sum_j |P_ij| keep_ij / (1 - p) v_j reproduces fa_forward's out (fp32), every row of a
+// problem without sinks sums to 1 over its visible keys, and nothing is written past a sequence's queries or keys.
+// Varlen: (B, Hq, max_seqlen_q, max_seqlen_k).
+TEST(CpuForward, ProbsCarryTheDropoutMask) {
+  for (int variant = 0; variant < 2; ++variant) {
+    Case c = with_lengths(37, 53);
+    if (variant == 1) c.lens_q = {5, 0, 9}, c.lens_k = {7, 3, 12};
+    c.dtype = FA_FLOAT32;
+    c.hq = 4, c.hkv = 2;
+    c.causal = variant == 0;
+    c.dropout_p = 0.3f;
+    SCOPED_TRACE(c.label());
+    Problem pr(c);
+    ASSERT_TRUE(pr.run_forward().ok());
+    const detail::Problem p = pr.view();
+    const int64_t batch = c.varlen() ? int64_t(c.lens_q.size()) : c.batch;
+    const int64_t shape[4] = {batch, c.hq, p.seqlen_q, p.seqlen_k};
+    std::vector<float> probs(size_t(shape[0] * shape[1] * shape[2] * shape[3]), 7.f);
+    const fa_tensor t = fa_make_tensor(probs.data(), FA_FLOAT32, FA_DEVICE_CPU, 4, shape);
+    const Status st = forward_probs(pr.fwd(), t, pr.exec());
+    ASSERT_TRUE(st.ok()) << st.message;
+    const auto* v = reinterpret_cast<const float*>(pr.v.data());
+    const auto* out = reinterpret_cast<const float*>(pr.out.data());
+    int64_t kept = 0, seen = 0;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < c.hq; ++h)
+        for (int64_t i = 0; i < p.seqlen_q; ++i) {
+          const float* row = probs.data() + ((b * c.hq + h) * p.seqlen_q + i) * p.seqlen_k;
+          double sum = 0;
+          std::vector<double> o(size_t(c.d), 0.0);
+          for (int64_t j = 0; j < p.seqlen_k; ++j) {
+            if (i >= p.len_q(b) || j >= p.len_k(b)) {
+              ASSERT_EQ(row[j], 0.f) << "written past the sequence at " << b << ", " << h << ", " << i << ", " << j;
+              continue;
+            }
+            const bool keep = !std::signbit(row[j]);
+            sum += std::fabs(row[j]);
+            if (row[j] != 0.f) {
+              ++seen;
+              kept += keep;
+            }
+            if (!keep) continue;
+            const float* vj = v + p.offset(p.v_layout, b, j, h / (c.hq / c.hkv));
+            for (int64_t e = 0; e < c.d; ++e) o[size_t(e)] += std::fabs(row[j]) / (1.0 - c.dropout_p) * vj[e];
+          }
+          if (i >= p.len_q(b)) continue;
+          if (p.len_k(b) > 0) EXPECT_NEAR(sum, 1.0, 1e-5);
+          const float* orow = out + p.offset(p.out_layout, b, i, h);
+          for (int64_t e = 0; e < c.d; ++e) ASSERT_NEAR(orow[e], o[size_t(e)], 1e-4) << b << ", " << h << ", " << i;
+        }
+    EXPECT_GT(seen, 500);
+    EXPECT_NEAR(double(kept) / double(seen), 0.7, 0.08);  // 4 sigma at 500 draws
+  }
+}
+
+TEST(CpuForward, ProbsRulesAreNamedErrors) {
+  Case c = with_lengths(9, 11);
+  c.dtype = FA_FLOAT32;
+  Problem pr(c);
+  std::vector<float> probs(size_t(c.batch * c.hq * 9 * 11));
+  auto call = [&](fa_tensor t) {
+    const Status st = forward_probs(pr.fwd(), t, pr.exec());
+    EXPECT_EQ(st.code, FA_ERROR_INVALID_ARGUMENT);
+    return st.message;
+  };
+  const int64_t good[4] = {c.batch, c.hq, 9, 11}, bad[4] = {c.batch, c.hq, 9, 12};
+  EXPECT_NE(call(fa_make_tensor(probs.data(), FA_FLOAT32, FA_DEVICE_CPU, 4, bad)).find("probs: must have shape"),
+            std::string::npos);
+  EXPECT_NE(call(fa_make_tensor(probs.data(), FA_FLOAT16, FA_DEVICE_CPU, 4, good)).find("probs: must be float32"),
+            std::string::npos);
+  EXPECT_NE(call(fa_make_tensor(probs.data(), FA_FLOAT32, FA_DEVICE_CUDA, 4, good)).find("probs: must be host"),
+            std::string::npos);
+  EXPECT_NE(call(fa_make_tensor(probs.data(), FA_FLOAT32, FA_DEVICE_CPU, 3, good)).find("probs: must have 4"),
+            std::string::npos);
+  fa_tensor strided = fa_make_tensor(probs.data(), FA_FLOAT32, FA_DEVICE_CPU, 4, good);
+  strided.stride[3] = 2;
+  EXPECT_NE(call(strided).find("probs: must be contiguous"), std::string::npos);
+  const FwdParams fp = pr.fwd();
+  EXPECT_EQ(fa_forward_probs(&fp, nullptr, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("probs: null pointer"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace flashattn::testing

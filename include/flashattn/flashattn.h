@@ -161,6 +161,14 @@ fa_exec fa_exec_default(void);
 fa_status fa_forward(const fa_fwd_params* params, const fa_exec* exec);
 fa_status fa_backward(const fa_bwd_params* params, const fa_exec* exec);
 
+/* The attention probabilities of a forward call, for inspection and tests (flash_attn's S_dmask): probs
+ * (B, Hq, Sq, Sk) float32, contiguous (varlen: (B, Hq, max_seqlen_q, max_seqlen_k)), element [b, h, i, j] the
+ * softmax probability of key j for query i of sequence b and head h (the attention's mask, scale, softcap, ALiBi and
+ * sinks' denominator; computed in float64, rounded once), negated where dropout drops it (-0.0 for a dropped 0);
+ * 0 past a sequence's queries or keys. params is a forward call's (out is validated, not written). Host memory
+ * only, and memory grows with Sq * Sk: meant for small shapes (copy device tensors to the host first). */
+fa_status fa_forward_probs(const fa_fwd_params* params, const fa_tensor* probs, const fa_exec* exec);
+
 /* The message of the last failed call on this thread ("" after success). */
 const char* fa_last_error(void);
 

@@ -28,6 +28,12 @@ inline Status forward(const FwdParams& p, const Exec& e = fa_exec_default()) {
   return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
 }
 
+// The attention probabilities of a forward call, dropout as their sign (flashattn.h, fa_forward_probs).
+inline Status forward_probs(const FwdParams& p, const fa_tensor& probs, const Exec& e = fa_exec_default()) {
+  fa_status c = fa_forward_probs(&p, &probs, &e);
+  return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};
+}
+
 inline Status backward(const BwdParams& p, const Exec& e = fa_exec_default()) {
   fa_status c = fa_backward(&p, &e);
   return {c, c == FA_OK ? std::string() : std::string(fa_last_error())};

@@ -256,8 +256,28 @@ def _dropout_rng(dropout_p, device: torch.device) -> Optional[Tensor]:
     return torch.randint(0, 2 ** 62, (2,), dtype=torch.int64, device=device)
 
 
+def _attention_probs(q: Tensor, k: Tensor, v: Tensor, o: AttnOptions) -> Tensor:
+    """flash_attn's S_dmask: the call's softmax probabilities (B, Hq, Sq, Sk) float32 (varlen: max_seqlen_q,
+    max_seqlen_k), negative where dropout dropped them, 0 past a sequence's queries or keys (fa_forward_probs).
+    Computed on the host from host copies of the inputs and of the call's dropout seed and offset, so the mask is
+    the one the kernels applied on any device; memory grows with Sq * Sk: for small test shapes, as in flash_attn."""
+    def host(t):
+        return None if t is None else t.detach().to("cpu")
+    qh, kh, vh = host(q), host(k), host(v)
+    oh = o._replace(**{n: host(getattr(o, n)) for n in _TENSOR_OPTIONS})
+    varlen = o.cu_seqlens_q is not None
+    batch = o.cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    seqlens = (o.max_seqlen_q, o.max_seqlen_k) if varlen else (q.shape[1], k.shape[1])
+    out = qh.new_empty(_fwd_shapes(qh, vh, oh)[0])  # validated, not written
+    probs = torch.empty((batch, q.shape[-2]) + seqlens, dtype=torch.float32)
+    _C.forward(_dl(qh), _dl(kh), _dl(vh), _dl(out), None, **_attn_kwargs(oh), probs=_dl(probs),
+               backend=_C.BACKEND_CPU, num_threads=torch.get_num_threads(), stream=0)
+    return probs.to(q.device)
+
+
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-               causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment, learnable_sink=None):
+               causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment, learnable_sink=None,
+               return_attn_probs=False):
     left, right = window_pair(window_size)
     top_left = causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
@@ -279,12 +299,16 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
         out, lse = _EagerAttention.apply(*inputs)
     else:
         out, lse = _fwd_impl(*inputs)
-    return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]), lse
+    # S_dmask as flash_attn returns it: with dropout only, eager calls only (torch.compile traces None).
+    probs = None
+    if return_attn_probs and dropout_p > 0 and not torch.compiler.is_compiling():
+        probs = _attention_probs(q, k, v, options)
+    return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]), lse, probs
 
 
-def _result(out, lse, return_attn_probs):
-    # flash_attn returns (out, softmax_lse, S_dmask); S_dmask (the dropped-out probabilities) is not returned yet.
-    return (out, lse, None) if return_attn_probs else out
+def _result(out, lse, return_attn_probs, probs=None):
+    # flash_attn returns (out, softmax_lse, S_dmask); S_dmask: _attention_probs (None without dropout).
+    return (out, lse, probs) if return_attn_probs else out
 
 
 def _fail(argument: str, rule: str):
@@ -400,9 +424,10 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     As flash_attn.flash_attn_func. Extensions: ``causal_alignment`` "bottom_right" (default, flash_attn >= 2.1)
     or "top_left"; ``learnable_sink`` (Hq): a sink logit per query head in every row's softmax denominator
     (gpt-oss; FlashAttention-4's keyword), differentiable. With return_attn_probs, returns (out, softmax_lse
-    (B, Hq, Sq) float32, None). FP8: q, k, v torch.float8_e4m3fn with the float32 dequantisation factors
-    ``q_descale`` (B, Hkv) or (B, Hq), ``k_descale``, ``v_descale`` (B, Hkv) of FlashAttention-3's
-    flash_attn_func (flashattn.quantize_fp8 makes them); forward only, out bfloat16.
+    (B, Hq, Sq) float32, S_dmask): S_dmask None without dropout, else the probabilities (B, Hq, Sq, Sk), negative
+    where dropped (_attention_probs; small shapes). FP8: q, k, v torch.float8_e4m3fn with the float32
+    dequantisation factors ``q_descale`` (B, Hkv) or (B, Hq), ``k_descale``, ``v_descale`` (B, Hkv) of
+    FlashAttention-3's flash_attn_func (flashattn.quantize_fp8 makes them); forward only, out bfloat16.
     """
     if q.dtype == torch.float8_e4m3fn:
         out, lse = _fp8_attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
@@ -410,9 +435,10 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                                   v_descale)
         return _result(out, lse, return_attn_probs)
     _check_no_factors(q, q_descale, k_descale, v_descale)
-    out, lse = _attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
-                          alibi_slopes, deterministic, causal_alignment, learnable_sink)
-    return _result(out, lse, return_attn_probs)
+    out, lse, probs = _attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
+                                 softcap, alibi_slopes, deterministic, causal_alignment, learnable_sink,
+                                 return_attn_probs)
+    return _result(out, lse, return_attn_probs, probs)
 
 
 def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -464,10 +490,10 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                                   causal_alignment, learnable_sink, q_descale, k_descale, v_descale)
         return _result(out, lse, return_attn_probs)
     _check_no_factors(q, q_descale, k_descale, v_descale)
-    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                          softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment,
-                          learnable_sink)
-    return _result(out, lse, return_attn_probs)
+    out, lse, probs = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                 dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                 causal_alignment, learnable_sink, return_attn_probs)
+    return _result(out, lse, return_attn_probs, probs)
 
 
 def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,

@@ -175,7 +175,7 @@ void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut
              int64_t window_right, double softcap, const OptIn& alibi_slopes, double dropout_p, const OptIn& sinks,
              uint64_t dropout_seed, uint64_t dropout_offset, const OptIn& dropout_rng, int num_splits,
              const OptIn& block_table, bool fp8, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
-             int backend, int num_threads, uintptr_t stream) {
+             const OptOut& probs, int backend, int num_threads, uintptr_t stream) {
   fa_fwd_params p{};
   p.attn = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                      causal_alignment, window_left, window_right, softcap, alibi_slopes, dropout_p, sinks, dropout_seed,
@@ -188,11 +188,13 @@ void forward(const In& q, const In& k, const In& v, const Out& out, const OptOut
   p.out = view("out", out);
   p.lse = view("lse", lse);
   const fa_exec e = execution(backend, num_threads, stream, false, num_splits);
+  // With probs: the probabilities only (fa_forward_probs), out is not written.
+  const fa_tensor probs_view = view("probs", probs);
   fa_status status;
   {
     // The kernels use their own threads (CPU) or the stream (CUDA); other Python threads may run meanwhile.
     nb::gil_scoped_release release;
-    status = fa_forward(&p, &e);
+    status = probs ? fa_forward_probs(&p, &probs_view, &e) : fa_forward(&p, &e);
   }
   if (status != FA_OK) raise_status(status);
 }
@@ -301,9 +303,10 @@ NB_MODULE(_C, m) {
         nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0, nb::arg("dropout_rng").none() = nb::none(),
         nb::arg("num_splits") = 0, nb::arg("block_table").none() = nb::none(), nb::arg("fp8") = false,
         nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(),
-        nb::arg("v_descale").none() = nb::none(), nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0,
-        nb::arg("stream") = 0,
+        nb::arg("v_descale").none() = nb::none(), nb::arg("probs").none() = nb::none(),
+        nb::arg("backend") = int(FA_BACKEND_AUTO), nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "fa_forward: writes out (and lse when given). Layouts, semantics and errors as in flashattn.h.\n"
+        "probs: instead, fa_forward_probs writes the probabilities (B, Hq, Sq, Sk) (host arrays only).\n"
         "stream is a cudaStream_t as an integer (0 = default stream), ignored for CPU arrays.\n"
         "fp8: q, k, v are float8_e4m3fn stored as 8-bit integers (exporters without DLPack's float8 code).");
 

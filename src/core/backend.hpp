@@ -32,6 +32,8 @@ const Backend& cpu_backend();
 Error quantize_fp8_cpu(const QuantizeProblem& p);
 // fa_kvcache_append on the CPU (src/cpu/kvcache.cpp).
 Error kvcache_append_cpu(const KvcacheProblem& p);
+// fa_forward_probs on the host (src/cpu/probs.cpp): probs (B, Hq, Sq, Sk) contiguous float32.
+Error forward_probs_cpu(const Problem& p, float* probs);
 // fa_merge_partials on the CPU (src/cpu/merge.cpp).
 Error merge_partials_cpu(const MergeProblem& p);
 

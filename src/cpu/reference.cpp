@@ -160,6 +160,13 @@ double softmax(std::vector<double>* s, double sink) {
 
 }  // namespace
 
+void probs_row(const Problem& p, int64_t b, int64_t h, int64_t i, double* probs) {
+  std::vector<double> s, th;
+  logits(p, Rounder{p.dtype, false}, b, h, i, &s, &th);
+  softmax(&s, p.sink(h));
+  std::copy(s.begin(), s.end(), probs);
+}
+
 void forward_row(const Problem& p, Rounding rounding, int64_t b, int64_t h, int64_t i, double* out_row, double* lse) {
   const Rounder rnd{p.dtype, rounding == Rounding::kStorage};
   std::vector<double> s, th;

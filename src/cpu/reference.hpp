@@ -36,6 +36,9 @@ struct Grads {
 };
 
 void forward(const detail::Problem& p, Rounding rounding, Forward* result);
+// The exact softmax probabilities of one query row over keys 0 .. len_k(b) (masked keys 0; sinks in the
+// denominator; no dropout), as the forward's P.V uses them.
+void probs_row(const detail::Problem& p, int64_t b, int64_t h, int64_t i, double* probs);
 // One query row (for sampled checks of large problems).
 void forward_row(const detail::Problem& p, Rounding rounding, int64_t b, int64_t h, int64_t i, double* out_row,
                  double* lse);

@@ -605,6 +605,48 @@ def test_dropout(device, dtype, causal, p):
         assert torch.equal((z_cuda != 0).cpu(), z_cpu != 0)
 
 
+@pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_return_attn_probs_dropout(device, dtype, causal):
+    """return_attn_probs with dropout returns flash_attn's S_dmask: (B, Hq, Sq, Sk) float32 on q's device, |S| the
+    softmax probabilities, negative where the call dropped them: sum_j |S_ij| keep_ij / (1 - p) v_j is the call's
+    out. Varlen: (B, Hq, max_seqlen_q, max_seqlen_k), 0 past each sequence. Without dropout: None."""
+    b, sq, sk, hq, hkv, d, p = 2, 19, 27, 4, 2, 32, 0.3
+    tol = 1e-5 if dtype == torch.float32 else 8 * STORAGE_EPS[dtype]
+    q = make((b, sq, hq, d), dtype, device, 31, requires_grad=False)
+    k, v = (make((b, sk, hkv, d), dtype, device, s, requires_grad=False) for s in (32, 33))
+    out, lse, s_dmask = flash_attn_func(q, k, v, dropout_p=p, causal=causal, return_attn_probs=True)
+    assert s_dmask.shape == (b, hq, sq, sk) and s_dmask.dtype == torch.float32 and s_dmask.device == q.device
+    eye = torch.eye(sk, dtype=torch.float64, device=device).expand(b, hkv, sk, sk).transpose(1, 2)
+    exact_p, _ = math_attention(q, k, eye, causal=causal)  # (B, Sq, Hq, Sk) float64 probabilities
+    assert max_err(s_dmask.abs().transpose(1, 2), exact_p) <= 1e-6
+    keep = ~torch.signbit(s_dmask)
+    visible = exact_p.transpose(1, 2) > 0
+    assert abs(keep[visible].float().mean().item() - (1 - p)) < 0.08
+    want = torch.einsum("bhij,bjhd->bihd", s_dmask.abs().double() * keep / (1 - p),
+                        v.double().repeat_interleave(hq // hkv, dim=2))
+    assert max_err(out, want) <= tol * max(1.0, want.abs().max().item())
+    assert flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[2] is None
+
+    lens_q, lens_k = [5, 0, 9], [7, 3, 12]
+    cu_q = torch.tensor([0, 5, 5, 14], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 7, 10, 22], dtype=torch.int32, device=device)
+    qv = make((14, hq, d), dtype, device, 34, requires_grad=False)
+    kv_, vv = (make((22, hkv, d), dtype, device, s, requires_grad=False) for s in (35, 36))
+    out, _, s_dmask = flash_attn_varlen_func(qv, kv_, vv, cu_q, cu_k, 9, 12, dropout_p=p, causal=causal,
+                                             return_attn_probs=True)
+    assert s_dmask.shape == (3, hq, 9, 12)
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        seq = s_dmask[i]
+        assert not seq[:, lq:].any() and not seq[:, :, lk:].any()
+        if lq == 0 or lk == 0:
+            continue
+        kept = seq[:, :lq, :lk].abs().double() * ~torch.signbit(seq[:, :lq, :lk]) / (1 - p)
+        vs = vv[cu_k[i]:cu_k[i] + lk].double().repeat_interleave(hq // hkv, dim=1)
+        want = torch.einsum("hij,jhd->ihd", kept, vs)
+        assert max_err(out[cu_q[i]:cu_q[i] + lq], want) <= tol * max(1.0, want.abs().max().item())
+
+
 def dropout_probs(q, k, eye, p, causal, **rng):
     """flashattn.ops.forward with V = I (the dropped-out probabilities) and an explicit seed/offset or rng tensor."""
     q, k = q.detach(), k.detach()
