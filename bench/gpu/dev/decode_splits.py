@@ -16,6 +16,22 @@ from triton.testing import do_bench
 import flashattn
 
 SHAPES = ((1, 65536), (8, 16384), (32, 8192), (128, 4096), (64, 32768))
+HQ, HKV, D = 32, 8, 128
+
+
+def decode_case(batch, keys):
+    """One decode shape: the K+V bytes, q (B, 1, Hq, D) and the caches (B, keys, Hkv, D) in bf16, and cuDNN's
+    SDPA on head-major copies of the caches (the layout it reads fastest)."""
+    nbytes = 2 * batch * keys * HKV * D * 2
+    q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(batch, keys, HKV, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    return nbytes, q, kc, vc, cudnn
 
 
 def main():
@@ -25,21 +41,11 @@ def main():
     a = ap.parse_args()
     splits = [int(s) for s in a.splits.split(",")]
     rows = []
-    hq, hkv, d = 32, 8, 128
     print("batch\tkeys\tbackend\tsplits\tus\tTB/s\tvs_cudnn", flush=True)
     for batch, keys in SHAPES:
-        nbytes = 2 * batch * keys * hkv * d * 2
-        q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        kc = torch.randn(batch, keys, hkv, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        nbytes, q, kc, vc, cudnn = decode_case(batch, keys)
         ref = cudnn().transpose(1, 2).float()
         base = do_bench(cudnn, warmup=25, rep=200, return_mode="median")
-        kt = vt = None
         rows.append((batch, keys, "cudnn", "", base * 1e3, nbytes / base / 1e9, 1.0))
         print(f"{batch}\t{keys}\tcudnn\t\t{base * 1e3:.1f}\t{nbytes / base / 1e9:.2f}\t1.00", flush=True)
         lens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")

@@ -11,12 +11,10 @@ import csv
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from decode_splits import HKV, SHAPES, D, decode_case
 from triton.testing import do_bench
 
 import flashattn
-
-SHAPES = ((1, 65536), (8, 16384), (32, 8192), (128, 4096), (64, 32768))
 
 
 def main():
@@ -25,20 +23,11 @@ def main():
     ap.add_argument("--csv", default="")
     a = ap.parse_args()
     rows = []
-    hq, hkv, d = 32, 8, 128
+    hkv, d = HKV, D
     print("batch\tkeys\tcache\tus\tTB/s\tvs_contiguous\tvs_cudnn\tequal", flush=True)
     for batch, keys in SHAPES:
-        nbytes = 2 * batch * keys * hkv * d * 2
-        q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        kc = torch.randn(batch, keys, hkv, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        nbytes, q, kc, vc, cudnn = decode_case(batch, keys)
         t_cudnn = do_bench(cudnn, warmup=25, rep=200) * 1e3
-        kt = vt = None
         lens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
         kv = flashattn.flash_attn_with_kvcache
         ref = kv(q, kc, vc, cache_seqlens=lens)
