@@ -145,6 +145,47 @@ fa_status run_beside_attention(const Params* params, const fa_exec* exec, const 
   });
 }
 
+// fa_forward and fa_forward_probs: the forward's one validation into a Problem, then `body` with it.
+template <class Body>
+fa_status forward_call(const fa_fwd_params* params, const fa_exec* exec, Body&& body) {
+  return guarded([&] {
+    g_static_error = nullptr;
+    g_last_error.clear();
+    if (params == nullptr) return record(invalid("params", "null pointer"));
+    const fa_exec x = exec ? *exec : fa_exec_default();
+    const Backend* backend = nullptr;
+    Problem problem;
+    if (Error e = prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
+                          Direction::kForward, x, &backend, &problem);
+        !e.ok())
+      return record(e);
+    if (Error e = body(*backend, problem, x); !e.ok()) return record(e);
+    return FA_OK;
+  });
+}
+
+// fa_forward_probs' output: host float32 (B, Hq, Sq, Sk), contiguous; host inputs (the reference reads them).
+Error validate_probs(const fa_tensor* probs, const Problem& p) {
+  if (probs == nullptr) return invalid("probs", "null pointer");
+  if (p.device != FA_DEVICE_CPU)
+    return unsupported("q: fa_forward_probs reads host (CPU) tensors; copy q, k, v to the host first");
+  const int64_t want[4] = {p.batch, p.heads_q, p.seqlen_q, p.seqlen_k};
+  const std::string shape = "(" + std::to_string(want[0]) + ", " + std::to_string(want[1]) + ", " +
+                            std::to_string(want[2]) + ", " + std::to_string(want[3]) + ")";
+  const bool empty = want[0] * want[1] * want[2] * want[3] == 0;
+  if (probs->data == nullptr && !empty) return invalid("probs", "null data pointer");
+  if (probs->dtype != FA_FLOAT32) return invalid("probs", "must be float32");
+  if (probs->device != FA_DEVICE_CPU) return invalid("probs", "must be host (CPU) memory");
+  if (probs->ndim != 4) return invalid("probs", "must have 4 dimensions (B, Hq, Sq, Sk) " + shape);
+  int64_t stride = 1;
+  for (int d = 3; d >= 0; --d) {
+    if (probs->shape[d] != want[d]) return invalid("probs", "must have shape (B, Hq, Sq, Sk) " + shape);
+    if (!empty && want[d] > 1 && probs->stride[d] != stride) return invalid("probs", "must be contiguous");
+    stride *= want[d];
+  }
+  return ok();
+}
+
 // fa_kvcache_append has no CUDA implementation yet.
 Error kvcache_cuda_missing(const KvcacheProblem&, void*) {
   return unsupported(
@@ -176,53 +217,14 @@ fa_exec fa_exec_default(void) {
 const char* fa_last_error(void) { return g_static_error ? g_static_error : g_last_error.c_str(); }
 
 fa_status fa_forward(const fa_fwd_params* params, const fa_exec* exec) {
-  return guarded([&] {
-    g_static_error = nullptr;
-    g_last_error.clear();
-    if (params == nullptr) return record(invalid("params", "null pointer"));
-    const fa_exec x = exec ? *exec : fa_exec_default();
-    const Backend* backend = nullptr;
-    Problem problem;
-    if (Error e = prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
-                          Direction::kForward, x, &backend, &problem);
-        !e.ok())
-      return record(e);
-    if (Error e = backend->forward(problem, x); !e.ok()) return record(e);
-    return FA_OK;
-  });
+  return forward_call(params, exec,
+                      [](const Backend& backend, const Problem& p, const fa_exec& x) { return backend.forward(p, x); });
 }
 
 fa_status fa_forward_probs(const fa_fwd_params* params, const fa_tensor* probs, const fa_exec* exec) {
-  return guarded([&] {
-    g_static_error = nullptr;
-    g_last_error.clear();
-    if (params == nullptr) return record(invalid("params", "null pointer"));
-    if (probs == nullptr) return record(invalid("probs", "null pointer"));
-    const fa_exec x = exec ? *exec : fa_exec_default();
-    const Backend* backend = nullptr;
-    Problem problem;
-    if (Error e = prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
-                          Direction::kForward, x, &backend, &problem);
-        !e.ok())
-      return record(e);
-    if (problem.device != FA_DEVICE_CPU)
-      return record(unsupported("q: fa_forward_probs reads host (CPU) tensors; copy q, k, v to the host first"));
-    const int64_t want[4] = {problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k};
-    const std::string shape = "(" + std::to_string(want[0]) + ", " + std::to_string(want[1]) + ", " +
-                              std::to_string(want[2]) + ", " + std::to_string(want[3]) + ")";
-    const bool empty = want[0] * want[1] * want[2] * want[3] == 0;
-    if (probs->data == nullptr && !empty) return record(invalid("probs", "null data pointer"));
-    if (probs->dtype != FA_FLOAT32) return record(invalid("probs", "must be float32"));
-    if (probs->device != FA_DEVICE_CPU) return record(invalid("probs", "must be host (CPU) memory"));
-    if (probs->ndim != 4) return record(invalid("probs", "must have 4 dimensions (B, Hq, Sq, Sk) " + shape));
-    int64_t stride = 1;
-    for (int d = 3; d >= 0; --d) {
-      if (probs->shape[d] != want[d]) return record(invalid("probs", "must have shape (B, Hq, Sq, Sk) " + shape));
-      if (!empty && want[d] > 1 && probs->stride[d] != stride) return record(invalid("probs", "must be contiguous"));
-      stride *= want[d];
-    }
-    if (Error e = forward_probs_cpu(problem, static_cast<float*>(probs->data)); !e.ok()) return record(e);
-    return FA_OK;
+  return forward_call(params, exec, [probs](const Backend&, const Problem& p, const fa_exec&) {
+    if (Error e = validate_probs(probs, p); !e.ok()) return e;
+    return forward_probs_cpu(p, static_cast<float*>(probs->data));
   });
 }
 

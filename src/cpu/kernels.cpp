@@ -774,19 +774,19 @@ Error backward_impl(const Problem& p, int threads) {
         q_t_buf(pairs ? size_t(dm.bq / 2) * dm.dp : 0), g_t_buf(pairs ? size_t(dm.bq / 2) * dm.dvp : 0),
         qg_cache(cache_qg ? size_t(qg_cache_elems / 2) : 0), q_pad_buf(pairs ? size_t(dm.bq) * dm.d / 2 : 0),
         g_pad_buf(pairs ? size_t(dm.bq) * dm.dv / 2 : 0);
-    uint32_t *k_pairs = k_pair_buf.data(), *v_pairs = v_pair_buf.data(), *k_rp = k_rp_buf.data(),
-             *p_pairs = p_pair_buf.data(), *ds_pairs = ds_pair_buf.data();
-    auto k_pairs_of = [&](int gi) { return k_pairs + gi * kdp / 2; };
-    auto v_pairs_of = [&](int gi) { return v_pairs + gi * kdvp / 2; };
-    auto k_rp_of = [&](int gi) { return k_rp + gi * kdp / 2; };
+    uint32_t *p_pairs = p_pair_buf.data(), *ds_pairs = ds_pair_buf.data();
+    auto k_pairs_of = [&](int gi) { return k_pair_buf.data() + gi * kdp / 2; };
+    auto v_pairs_of = [&](int gi) { return v_pair_buf.data() + gi * kdvp / 2; };
+    auto k_rp_of = [&](int gi) { return k_rp_buf.data() + gi * kdp / 2; };
     (void)k_pairs_of, (void)v_pairs_of, (void)k_rp_of, (void)kt_of, (void)kn_of, (void)vt_of;
     auto* ds_r = reinterpret_cast<uint16_t*>(ds_r_buf.data());
-    (void)k_pairs, (void)v_pairs, (void)k_rp, (void)p_pairs, (void)ds_pairs, (void)ds_r;
-    const bool ok =
-        q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
-        dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data()) && tanh_row.data() &&
-        (!pairs || (k_pairs && v_pairs && k_rp && p_pairs && ds_pairs && ds_r && q_t_buf.data() && g_t_buf.data() &&
-                    (!cache_qg || qg_cache.data()) && q_pad_buf.data() && g_pad_buf.data()));
+    (void)p_pairs, (void)ds_pairs, (void)ds_r;
+    const bool ok = q.data() && g.data() && kt.data() && kn.data() && vt.data() && s.data() && dp.data() && dk.data() &&
+                    dv.data() && dq.data() && dk_head.data() && dv_head.data() && (!cache_qdo || qdo.data()) &&
+                    tanh_row.data() &&
+                    (!pairs || (k_pair_buf.data() && v_pair_buf.data() && k_rp_buf.data() && p_pairs && ds_pairs &&
+                                ds_r && q_t_buf.data() && g_t_buf.data() && (!cache_qg || qg_cache.data()) &&
+                                q_pad_buf.data() && g_pad_buf.data()));
     if (!ok) {
 #pragma omp atomic write
       alloc_failed = true;
