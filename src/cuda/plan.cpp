@@ -1,5 +1,6 @@
 // The planner: every dispatch decision of a CUDA call, made once from the validated Problem (see plan.hpp).
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -147,6 +148,21 @@ int kv_splits(const detail::Problem& p, const FwdPlan& f, int requested, int sms
   return int(splits);
 }
 
+// The tile table's entry of a call (sm90/tiles.hpp): packed GQA and dropout take the windowed one whatever the
+// mask; sequences up to fwd_short_seqlen (the longer of the query and key lengths) the short one.
+sm90::FwdEntry sm90_entry(const detail::Problem& p, const FwdPlan& f, int head_dim) {
+  if (f.pack_gqa || p.dropout.on) return sm90::FwdEntry::kWindowed;
+  int64_t short_seqlen = sm90::fwd_short_seqlen(head_dim, f.windowed, p.fp8());
+#ifdef FLASHATTN_SM90_ABLATIONS
+  // Ablation builds: the limit from the environment, read at every call, so that a benchmark measures both
+  // entries at one shape in one process.
+  if (const char* limit = std::getenv("FLASHATTN_SM90_SHORT_SEQLEN"); limit != nullptr)
+    short_seqlen = std::strtoll(limit, nullptr, 10);
+#endif
+  if (std::max(p.seqlen_q, p.seqlen_k) <= short_seqlen) return sm90::FwdEntry::kShort;
+  return f.windowed ? sm90::FwdEntry::kWindowed : sm90::FwdEntry::kWide;
+}
+
 detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance instance, FwdPlan* plan) {
   DeviceInfo dev;
   if (detail::Error e = device_info(p.device_index, &dev); !e.ok()) return e;
@@ -154,12 +170,13 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // GQA with query sequences shorter than a tile packs the group's query heads into the tile's rows: the tile
   // is full and each K/V block is read once per group instead of once per query head. Not with ALiBi (a slope
   // per head inside one tile). Packed tiles take the causal/window tiles.
-  const sm90::FwdTiles windowed_tiles = sm90::fwd_tiles(instance.head_dim, true);
+  const sm90::FwdTiles windowed_tiles = sm90::fwd_tiles(instance.head_dim, sm90::FwdEntry::kWindowed);
   // Not for FP8 yet: its packed Q gather is not written.
   // Not with dropout either: its mask is keyed by one query head per tile.
   f.pack_gqa =
       p.group() > 1 && p.seqlen_q < windowed_tiles.block_q() && p.alibi == nullptr && !p.fp8() && !p.dropout.on;
-  const sm90::FwdTiles t = sm90::fwd_tiles(instance.head_dim, f.windowed || f.pack_gqa || p.dropout.on, p.fp8());
+  f.tiles_entry = sm90_entry(p, f, instance.head_dim);
+  const sm90::FwdTiles t = sm90::fwd_tiles(instance.head_dim, f.tiles_entry, p.fp8());
   f.block_q = t.block_q();
   f.block_k = t.block_k;
   f.warps = t.consumer_warpgroups;

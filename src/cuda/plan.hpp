@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/tiles.hpp"
+
 namespace flashattn::cuda {
 
 enum class Family : uint8_t {
@@ -61,6 +63,7 @@ struct FwdPlan {
   bool windowed = false;  // mask policy: causal / sliding window (WindowMask), else key length only
   bool compact = false;   // sm80: the compact tile (sm80/tiles.hpp fwd_compact)
   bool pack_gqa = false;  // sm90: the query heads of one KV group share a tile (short query sequences)
+  sm90::FwdEntry tiles_entry = sm90::FwdEntry::kWide;  // sm90: the tile table's entry (sm90/tiles.hpp)
   int block_q = 0, block_k = 0;
   int warps = 0;   // sm80: warps per CTA; sm90: consumer warpgroups
   int stages = 0;  // sm90: K/V pipeline depth

@@ -291,6 +291,16 @@ std::vector<Case> forward_cases() {
   for (int64_t d : {256, 200}) {
     Case c; c.sq = 150, c.sk = 1500, c.d = c.dv = d; c.name = "d" + std::to_string(d) + "_long_keys"; add(c);
   }
+  // sm90: sequences up to fwd_short_seqlen take the short tile entry (sm90/tiles.hpp), which the shapes above
+  // cover; past it the wide (no window) and windowed entries, whose tiles differ at d64 and d128.
+  for (int64_t d : {64, 128}) {
+    for (bool causal : {false, true}) {
+      Case c; c.sq = 300, c.d = c.dv = d, c.causal = causal;
+      c.sk = std::max<int64_t>(flashattn::cuda::sm90::fwd_short_seqlen(int(d), causal, false), 1024) + 77;
+      c.name = "d" + std::to_string(d) + (causal ? "_causal" : "_full") + "_past_short"; add(c);
+    }
+  }
+  { Case c; c.sq = c.sk = 1100; c.d = c.dv = 64; c.causal = true; c.name = "d64_causal_1100"; add(c); }
   {  // dv != d
     Case c; c.name = "d128_dv64"; c.sq = 150, c.sk = 300, c.d = 128, c.dv = 64; add(c);
     c.name = "d64_dv128_causal"; c.d = 64, c.dv = 128, c.causal = true; add(c);
@@ -505,6 +515,14 @@ std::vector<Case> sanitizer_cases() {
     Case c; c.sq = 130, c.sk = 70, c.d = c.dv = d;
     c.name = "d" + std::to_string(d) + "_full"; v.push_back(c);
     c.name = "d" + std::to_string(d) + "_causal"; c.causal = true; v.push_back(c);
+  }
+  // sm90: the wide and windowed tile entries (the cases above take the short one, sm90/tiles.hpp fwd_short_seqlen).
+  for (int64_t d : {64, 128}) {
+    for (bool causal : {false, true}) {
+      Case c; c.sq = 70, c.d = c.dv = d, c.causal = causal;
+      c.sk = std::max<int64_t>(flashattn::cuda::sm90::fwd_short_seqlen(int(d), causal, false), 1024) + 77;
+      c.name = "d" + std::to_string(d) + (causal ? "_causal" : "_full") + "_past_short"; v.push_back(c);
+    }
   }
   // A head dim below the compiled one (200 in the d256 kernel, the Padded kernel variant): its column-predicated
   // loads and stores must stay inside the tensors.
@@ -731,20 +749,36 @@ TEST(ForwardDropout, Sm90TileShapeReported) {
   call.p.attn.dropout_p = 0.1f;
   int bq = 0, bk = 0;
   if (!sm90_tile_shape(call, &bq, &bk)) GTEST_SKIP() << fa_last_error();
-  constexpr flashattn::cuda::sm90::FwdTiles kD128 = flashattn::cuda::sm90::fwd_tiles(128, true);
-  static_assert(kD128.block_k != flashattn::cuda::sm90::fwd_tiles(128, false).block_k);
+  using flashattn::cuda::sm90::FwdEntry;
+  constexpr flashattn::cuda::sm90::FwdTiles kD128 = flashattn::cuda::sm90::fwd_tiles(128, FwdEntry::kWindowed);
+  static_assert(kD128.block_k != flashattn::cuda::sm90::fwd_tiles(128, FwdEntry::kWide).block_k);
   EXPECT_EQ(bq, kD128.block_q());
   EXPECT_EQ(bk, kD128.block_k);
 }
 
+// d64 causal: 16 rows take the short entry (two warpgroups), rows past fwd_short_seqlen the windowed one (three).
+// Only planned: nothing is launched.
 TEST(Sm80Validation, Sm90TileShapeReported) {
   SKIP_WITHOUT_GPU();
+  using flashattn::cuda::sm90::FwdEntry;
+  using flashattn::cuda::sm90::fwd_tiles;
+  static_assert(fwd_tiles(64, FwdEntry::kShort).block_q() != fwd_tiles(64, FwdEntry::kWindowed).block_q());
   SmallCall call;
+  call.p.attn.causal = 1;
   int bq = 0, bk = 0;
   if (!sm90_tile_shape(call, &bq, &bk)) GTEST_SKIP() << fa_last_error();
-  constexpr flashattn::cuda::sm90::FwdTiles kD64 = flashattn::cuda::sm90::fwd_tiles(64, false);
-  EXPECT_EQ(bq, kD64.block_q());
-  EXPECT_EQ(bk, kD64.block_k);
+  EXPECT_EQ(bq, fwd_tiles(64, FwdEntry::kShort).block_q());
+  EXPECT_EQ(bk, fwd_tiles(64, FwdEntry::kShort).block_k);
+  const int64_t rows = flashattn::cuda::sm90::fwd_short_seqlen(64, true, false) + 1;
+  int64_t d64_long[4] = {1, rows, 2, 64};
+  const int64_t region = rows * 2 * 64;  // separate memory per tensor (validate.cpp refuses overlaps)
+  DeviceBuffer<uint16_t> big(size_t(4 * region));
+  int i = 0;
+  for (fa_tensor* t : {&call.p.attn.q, &call.p.attn.k, &call.p.attn.v, &call.p.out})
+    *t = fa_make_tensor(big.ptr + region * i++, FA_BFLOAT16, FA_DEVICE_CUDA, 4, d64_long);
+  ASSERT_TRUE(sm90_tile_shape(call, &bq, &bk)) << fa_last_error();
+  EXPECT_EQ(bq, fwd_tiles(64, FwdEntry::kWindowed).block_q());
+  EXPECT_EQ(bk, fwd_tiles(64, FwdEntry::kWindowed).block_k);
 }
 
 // On a GPU other than sm90 (or in a build without the Hopper kernels) an explicit cuda-sm90 request is refused

@@ -5,7 +5,8 @@
 # usage: bench/gpu/dev/sm90_bwd_loop.sh OUTDIR [gtest filter]
 # DEV_HDIMS: the sm90 head dims (default "64;128"); DEV_SAN_FILTER: the sanitizers' gtest filter; DEV_PYTHON=OFF:
 # no Python extension and no benchmark (a C++-only check, e.g. of the forward's load paths); DEV_TARGET: build only it;
-# DEV_BWD_BENCH=0: no backward benchmark; DEV_GTEST_S: the GPU suite's timeout (default 200 s).
+# DEV_BWD_BENCH=0: no backward benchmark; DEV_GTEST_S: the GPU suite's timeout (default 200 s); DEV_CMAKE_ARGS: more
+# configure arguments (e.g. -DFLASHATTN_SM90_ABLATIONS=ON).
 set -uo pipefail
 OUT=$1; FILTER=${2:-'*Backward*'}
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -31,7 +32,7 @@ fi
 t0=$(date +%s)
 cmake -S "$REPO" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNELS=ci -DFLASHATTN_SM90_HDIMS="${DEV_HDIMS:-64;128}" \
   -DFLASHATTN_CUDA_ARCHS=90a -DFLASHATTN_SM80_ARCHS=90 -DFLASHATTN_CUTLASS_DIR="$W/cutlass/cutlass_library/source/include" \
-  -DFLASHATTN_PYTHON="${DEV_PYTHON:-ON}" -DPython_EXECUTABLE="$PY" -Dnanobind_DIR="$("$PY" -m nanobind --cmake_dir)" "${gt[@]}" >"$OUT/build.log" 2>&1
+  -DFLASHATTN_PYTHON="${DEV_PYTHON:-ON}" -DPython_EXECUTABLE="$PY" -Dnanobind_DIR="$("$PY" -m nanobind --cmake_dir)" "${gt[@]}" ${DEV_CMAKE_ARGS:-} >"$OUT/build.log" 2>&1
 cmake --build "$W/build" -j "$(nproc)" ${DEV_TARGET:+--target "$DEV_TARGET"} >>"$OUT/build.log" 2>&1 || { grep -m 30 -E "error" "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
 grep -E "spill|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | head -5

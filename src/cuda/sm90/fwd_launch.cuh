@@ -36,8 +36,8 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
   using Element = typename Traits::Element;
   using OutElement = typename Traits::OutElement;
   constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kBlockN = Traits::kBlockN;
-  static_assert(Traits::kBlockM == fwd_tiles(kHeadDim, Traits::kWindowed, Traits::kFp8).block_q(),
-                "the plan's block_q");
+  // The plan's query blocks (m_blocks, tiles) are this kernel's: a plan of another entry would skip rows.
+  if (plan.block_q != Traits::kBlockM) return cudaErrorInvalidValue;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch = varlen ? 1 : p.batch;  // varlen: one tensor of total rows; sequences are row offsets
   const int heads_kv = p.heads_q / p.group;
@@ -108,25 +108,32 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
   return cudaGetLastError();
 }
 
-// The plan's tiles: causal/window and packed problems take the windowed tile table entry, the rest the other one
-// (a second kernel only where the two entries differ); packed GQA, score mods and dropout are their own
-// instantiations (kScoreMods / kDropout: the table entry's flags; dropout is never packed).
+// The plan's entry of the tile table (tiles.hpp). Packed GQA and dropout take the windowed entry (its kernel is
+// always instantiated); the wide and short entries have kernels of their own only where their tiles differ from the
+// windowed one's and from each other's, and otherwise run the kernel with the same tiles. Packed GQA, score mods and
+// dropout are their own instantiations (kScoreMods / kDropout: the table entry's flags; dropout is never packed).
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
 cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
-  using Windowed = FwdTraits<Element, kHeadDim, true, Mech>;
+  using Windowed = FwdTraits<Element, kHeadDim, FwdEntry::kWindowed, Mech>;
   using Unpacked = FwdVariantOf<kScoreMods, kDropout, false>;
   constexpr bool kFp8 = Windowed::kFp8;  // no packed FP8 kernel (plan.cpp)
   if constexpr (std::is_same_v<Mech, Mechanisms<>> && !kFp8 && !kDropout) {
     if (plan.pack_gqa) return launch_kernel<Windowed, FwdVariantOf<kScoreMods, false, true>>(p, plan, counter, stream);
   }
-  // Dropout takes the windowed entry whatever the mask (tiles.hpp).
-  constexpr FwdTiles kWindowedTiles = fwd_tiles(kHeadDim, true, kFp8), kPlainTiles = fwd_tiles(kHeadDim, false, kFp8);
-  if constexpr (!kDropout && (kWindowedTiles.block_k != kPlainTiles.block_k ||
-                              kWindowedTiles.consumer_warpgroups != kPlainTiles.consumer_warpgroups ||
-                              kWindowedTiles.stages != kPlainTiles.stages)) {
-    if (!plan.windowed)
-      return launch_kernel<FwdTraits<Element, kHeadDim, false, Mech>, Unpacked>(p, plan, counter, stream);
+  if constexpr (!kDropout) {
+    constexpr FwdTiles kWindowedTiles = fwd_tiles(kHeadDim, FwdEntry::kWindowed, kFp8);
+    constexpr FwdTiles kWideTiles = fwd_tiles(kHeadDim, FwdEntry::kWide, kFp8);
+    constexpr FwdTiles kShortTiles = fwd_tiles(kHeadDim, FwdEntry::kShort, kFp8);
+    if constexpr (!same_tiles(kWideTiles, kWindowedTiles)) {
+      if (plan.tiles_entry == FwdEntry::kWide ||
+          (plan.tiles_entry == FwdEntry::kShort && same_tiles(kShortTiles, kWideTiles)))
+        return launch_kernel<FwdTraits<Element, kHeadDim, FwdEntry::kWide, Mech>, Unpacked>(p, plan, counter, stream);
+    }
+    if constexpr (!same_tiles(kShortTiles, kWindowedTiles) && !same_tiles(kShortTiles, kWideTiles)) {
+      if (plan.tiles_entry == FwdEntry::kShort)
+        return launch_kernel<FwdTraits<Element, kHeadDim, FwdEntry::kShort, Mech>, Unpacked>(p, plan, counter, stream);
+    }
   }
   return launch_kernel<Windowed, Unpacked>(p, plan, counter, stream);
 }
@@ -134,7 +141,7 @@ cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cu
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
   return cudaFuncGetAttributes(attributes,
-                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, true, Mech>,
+                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, FwdEntry::kWindowed, Mech>,
                                            FwdVariantOf<kScoreMods, kDropout, false>>);
 }
 

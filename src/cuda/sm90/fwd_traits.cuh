@@ -139,13 +139,13 @@ struct Fp8Operands {
 __host__ __device__ constexpr int fp8_key_column(int i) { return 4 * ((i % 8) / 2) + 2 * (i / 8) + i % 2; }
 
 // ------------------------------------------------------------------------------------------- traits
-template <class Element_, int kHeadDim_, bool kWindowed_, class Mech_ = Mechanisms<>>
+template <class Element_, int kHeadDim_, FwdEntry kEntry_, class Mech_ = Mechanisms<>>
 struct FwdTraits {
   using Element = Element_;
   using Mech = Mech_;
   static constexpr bool kFp8 = sizeof(Element) == 1;
-  static constexpr bool kWindowed = kWindowed_;  // causal/window problems (tile choice; the mask is run time)
-  static constexpr FwdTiles kTiles = fwd_tiles(kHeadDim_, kWindowed_, kFp8);
+  static constexpr FwdEntry kEntry = kEntry_;  // the tile table's entry (the mask is run time)
+  static constexpr FwdTiles kTiles = fwd_tiles(kHeadDim_, kEntry_, kFp8);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWgRows = kWarpgroupRows;
   static constexpr int kConsumerWGs = kTiles.consumer_warpgroups;

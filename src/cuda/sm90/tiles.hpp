@@ -2,6 +2,8 @@
 // (template arguments), the launch (grid, shared memory) and Backend::tile_shape read.
 #pragma once
 
+#include <cstdint>
+
 namespace flashattn::cuda::sm90 {
 
 // One wgmma (m64nNk16) covers 64 query rows: each consumer warpgroup owns 64 rows of the query block.
@@ -19,17 +21,31 @@ struct FwdTiles {
   constexpr int block_q() const { return kWarpgroupRows * consumer_warpgroups; }
 };
 
-// `head_dim` is the compiled head dim; `windowed`: causal or sliding window. Registers decide first: a consumer
-// thread holds 64 * head_dim / 128 fp32 output accumulators, 64 * block_k / 128 scores and, with the softmax of
-// one block overlapped with the next block's Q.K^T, a second score tile plus the bf16 probabilities of the
-// first. With two consumer warpgroups a thread may keep 240 registers (setmaxnreg), with three 160 (ptxas: no
-// spills for any entry below). Then the H200 measurements (bench/results/2026-11-30_sm90_dev):
+// The table's entries. The plan (plan.cpp plan_sm90) picks one per call; entries with equal tiles share one kernel
+// (fwd_launch.cuh), so an entry costs an instantiation only where its tiles differ.
+enum class FwdEntry : uint8_t {
+  kWide,      // no window, sequences longer than fwd_short_seqlen
+  kWindowed,  // causal / sliding window longer than fwd_short_seqlen; packed GQA and dropout under every mask
+  kShort,     // sequences up to fwd_short_seqlen (not packed, no dropout)
+};
+
+// `head_dim` is the compiled head dim. Registers decide first: a consumer thread holds 64 * head_dim / 128 fp32
+// output accumulators, 64 * block_k / 128 scores and, with the softmax of one block overlapped with the next block's
+// Q.K^T, a second score tile plus the bf16 probabilities of the first. With two consumer warpgroups a thread may keep
+// 240 registers (setmaxnreg), with three 160 (ptxas: no spills for any entry below). Then the H200 measurements
+// (bench/results/2026-11-30_sm90_dev):
 //   d64:  3 warpgroups (192 query rows) x 128 keys: 32 O + 2 x 64 S + 32 P per thread;
 //   d128: 2 x 176 keys without a window (+2-3% over 128 keys at 8k-16k: fewer softmax rounds per key; its
 //         K/V stages leave no room for a separate O tile, so O is staged in Q's space), 2 x 128 keys under
 //         causal/window (176 keys was 8% slower there at 2k: more masked work on the diagonal);
 //   d256: 2 x 80 keys: 128 O + 2 x 40 S + 20 P; 80 is the largest multiple of 16 whose two K/V stages fit
 //         next to the 64 KiB Q tile (64 + 2 * 2 * 80 * 256 * 2 B = 224 KiB of 227 KiB).
+// Short sequences (kShort, up to fwd_short_seqlen) waste less of a tile. d64 under causal/window: 2 warpgroups
+// (128 query rows; at 512 causal queries 192-row tiles compute 1.7x the visible scores, 128-row ones 1.25x): +7% at
+// 512, +9% at 1k, -2% at 2k; without a window 2 warpgroups gained nothing at 512/1k and lost 7-12% from 2k, so d64
+// has no short entry there. d128 without a window: 128 keys (176 keys leave 528 key columns for 512 keys and a
+// masked partial block): +14% at 512, +10% at 1k, +7% at 2k, +3.5% at 4k, +0.7% at 8k
+// (bench/results/2026-12-02_h200_session19/fwd_short_tiles.csv; 16k keeps 176).
 // Two stages everywhere: one stage was 1-3% slower at d128, three no faster (the ablation table).
 // Dropout (variant::Dropout) takes the windowed entry under every mask: with the mask drawn beside the scores (its
 // first version) ptxas sm_90a spilled 92 bytes at d128 x 176 keys and 20 at 128; the kernel as built, 4 at 128 keys
@@ -38,12 +54,25 @@ struct FwdTiles {
 // (a quarter of the registers of S), and a K/V stage takes half the bytes of a 16-bit one. d128 without a window:
 // 192 keys (888-893 TFLOP/s at 16k against 864 for 128, bench/results/2026-12-02_h200_session13; 256 made ptxas
 // serialise the wgmmas and spill 144 bytes). 128 keys elsewhere: d256 keeps 128 O + 64 S + 16 P registers, and its
-// two stages (2 x 2 x 32 KiB) fit beside Q (32 KiB) and a bfloat16 O tile of its own (64 KiB).
-constexpr FwdTiles fwd_tiles(int head_dim, bool windowed, bool fp8 = false) {
-  if (fp8) return {head_dim <= 64 ? 3 : 2, head_dim > 64 && head_dim <= 128 && !windowed ? 192 : 128, 2};
-  if (head_dim <= 64) return {3, 128, 2};
-  if (head_dim <= 128) return {2, windowed ? 128 : 176, 2};
+// two stages (2 x 2 x 32 KiB) fit beside Q (32 KiB) and a bfloat16 O tile of its own (64 KiB). FP8 has no short
+// entry of its own (fwd_short_seqlen is 0): its kShort is the windowed one.
+constexpr FwdTiles fwd_tiles(int head_dim, FwdEntry entry, bool fp8 = false) {
+  const bool wide = entry == FwdEntry::kWide;
+  if (fp8) return {head_dim <= 64 ? 3 : 2, head_dim > 64 && head_dim <= 128 && wide ? 192 : 128, 2};
+  if (head_dim <= 64) return {entry == FwdEntry::kShort ? 2 : 3, 128, 2};
+  if (head_dim <= 128) return {2, wide ? 176 : 128, 2};
   return {2, 80, 2};
+}
+
+constexpr bool same_tiles(const FwdTiles& a, const FwdTiles& b) {
+  return a.consumer_warpgroups == b.consumer_warpgroups && a.block_k == b.block_k && a.stages == b.stages;
+}
+
+// The longest sequence (the longer of the query and key lengths) that takes kShort; 0: none (the measurements above).
+constexpr int64_t fwd_short_seqlen(int head_dim, bool windowed, bool fp8) {
+  if (fp8 || head_dim > 128) return 0;
+  if (head_dim <= 64) return windowed ? 1024 : 0;
+  return windowed ? 0 : 4096;  // d128 windowed: the short entry is the windowed one
 }
 
 // Tiles of the backward (bwd_kernel.cuh): a CTA owns block_k keys and walks the query rows block_q at a time
