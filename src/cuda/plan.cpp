@@ -195,15 +195,14 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   const int64_t kv_bytes = std::max<int64_t>(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * elem;
   f.section_heads =
       int(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(tile_heads * p.batch, 1)));
-  // Paged K/V: pages holding whole key blocks take one TMA box per block. Other pages: tiles of at most one
-  // warpgroup's rows (decode: a few query rows per KV head) only stream K/V, and the four producer warps' cp.async
-  // rows read them at 2.0-2.5 TB/s where 16-row TMA boxes read 1.3-1.6 (bench/results/2026-12-02_h200_session18);
-  // larger tiles keep the boxes where a box divides the page (TMA issues without the SM's issue slots, which their
-  // consumers need; rows were not measured there).
-  constexpr int64_t kStreamingTileRows = 64;
-  const bool row_boxes = tile_rows > kStreamingTileRows && p.page_size % sm90::kPageBoxRows == 0;
+  // Paged K/V: pages holding whole key blocks take one TMA box per block; pages of a multiple of 16 rows, 16-row
+  // boxes issued by the four producer warps (decode, page 16: 3.0-3.9 TB/s, 0.82-0.96x the contiguous cache, where
+  // the four warps' cp.async rows read 2.0-2.5 and boxes from one thread 1.3-1.6:
+  // bench/results/2026-12-02_h200_session19/README.md); other page sizes, rows gathered with cp.async.
   if (p.paged())
-    f.paged = p.page_size % f.block_k == 0 ? PagedLoad::kTmaBlocks : row_boxes ? PagedLoad::kTmaRows : PagedLoad::kRows;
+    f.paged = p.page_size % f.block_k == 0                 ? PagedLoad::kTmaBlocks
+              : p.page_size % sm90::kPageBoxRows == 0 ? PagedLoad::kTmaRows
+                                                           : PagedLoad::kRows;
   f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
   if (f.num_splits > 1) {
     f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);

@@ -51,8 +51,8 @@ enum class PagedLoad : uint8_t {
   kNone,       // not paged
   kGather,     // the used keys gathered into contiguous copies (the workspace's first gather_bytes) first
   kTmaBlocks,  // sm90: one TMA box per key block (page_size a multiple of block_k)
-  kTmaRows,    // sm90: boxes of sm90::kPageBoxRows rows (page_size a multiple of it)
-  kRows,       // sm90: the producer warp gathers the rows with cp.async (any other page size)
+  kTmaRows,    // sm90: boxes of sm90::kPageBoxRows rows from the four producer warps (page_size a multiple of it)
+  kRows,       // sm90: the four producer warps gather the rows with cp.async (any other page size)
 };
 
 struct FwdPlan {

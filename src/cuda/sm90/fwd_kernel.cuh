@@ -52,14 +52,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     }
     ss.barrier_q.init(1);
   }
-  // A K/V stage is full when its TMA bytes have landed (the leader's arrival announces them), or, for paged rows
-  // gathered with cp.async (Load::load_rows), when each lane of the producer warpgroup has arrived on completion of
-  // its copies.
+  // A K/V stage is full when its TMA bytes have landed (the leader's arrival announces them; with row boxes each
+  // producer warp's lane 0 announces its own), or, for paged rows gathered with cp.async (Load::load_rows), when each
+  // lane of the producer warpgroup has arrived on completion of its copies.
   typename Pipeline::Params pipe_params;
   pipe_params.transaction_bytes = Traits::kTileBytesKV;
   pipe_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = is_tma_thread && !p.paged_rows;
-  pipe_params.num_producers = p.paged_rows ? Load::kRowThreads : 1;
+  // Row boxes: each producer warp's lane 0 announces its own boxes' bytes (Load::load_boxes).
+  const bool box_warps = Load::shares_blocks(p) && !p.paged_rows;
+  pipe_params.is_leader = is_tma_thread && !Load::shares_blocks(p);
+  pipe_params.num_producers = p.paged_rows ? Load::kRowThreads : box_warps ? Load::kRowWarps : 1;
   pipe_params.num_consumers = Traits::kConsumerThreads;
   Pipeline pipe_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
   // FP8 reads V from its transposed copy with TMA whatever K's paging (fwd_load.cuh).
@@ -79,7 +81,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // Producer warpgroup: gives its registers to the consumers; one warp issues the loads, and with paged rows the
     // other three share the row gathers.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (warp != 0 && !p.paged_rows) return;
+    if (warp != 0 && !Load::shares_blocks(p)) return;
     Load load(kp, ss, pipe_k, pipe_v, warp);
     if (warp != 0) {
       load.follow(sched);

@@ -1,9 +1,9 @@
 // The load collective of the sm90 forward: one producer warp issues the TMA loads of Q (per tile) and of K/V (per
 // key block) into a multi-stage pipeline completing on mbarriers. GQA-packed tiles gather Q in the consumers
 // instead (gather_q_packed): their rows are (position, head) pairs, not a TMA box. Paged K/V: TMA boxes of
-// whole key blocks or of 16 rows inside one page (load_boxes), or rows gathered with cp.async by all four warps of
-// the producer warpgroup (load_rows; warps 1-3 follow the tiles warp 0 publishes). The consumers only see pipeline
-// stages.
+// whole key blocks, or of 16 rows inside one page (load_boxes), or rows gathered with cp.async (load_rows); the
+// last two are shared by all four warps of the producer warpgroup (warps 1-3 follow the tiles warp 0 publishes).
+// The consumers only see pipeline stages.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -34,6 +34,10 @@ struct FwdLoad {
   // Paged rows (load_rows): every warp of the producer warpgroup gathers a share of each block's rows.
   static constexpr int kRowWarps = Traits::kWgThreads / kProducerWarpThreads;
   static constexpr int kRowThreads = Traits::kWgThreads;  // producer arrivals per stage in that mode
+  // Every producer warp loads a share of each key block: paged rows (load_rows) and 16-row boxes (load_boxes).
+  __device__ static bool shares_blocks(const FwdParams& p) {
+    return p.paged_rows || (p.block_table != nullptr && p.paged_box_rows == kPageBoxRows);
+  }
   static constexpr int kQSpaceThreads = Traits::kConsumerThreads + kProducerWarpThreads;
 
   // Q-space protocol (the producer warp and every consumer thread): the consumers release the space of a tile's Q
@@ -210,11 +214,21 @@ struct FwdLoad {
     if (range.hi > range.lo) load_v(range.lo);
   }
 
-  // Warps 1-3 of the producer warpgroup with paged rows: each tile warp 0 publishes (barrier_q, as the consumers
-  // see it), their share of its rows of K (and V, unless FP8 reads V by TMA) in warp 0's block order. They cannot
+  // Warps 1-3 of the producer warpgroup with paged rows or row boxes (Load::shares_blocks): each tile warp 0
+  // publishes (barrier_q, as the consumers see it), their share of its rows or boxes of K (and V, unless FP8 reads V
+  // by TMA) in warp 0's block order. They cannot
   // miss a publication: warp 0 publishes the next tile only after the consumers released this one's Q space, which
   // they do only after consuming every stage of this tile, which holds these warps' rows.
   __device__ void follow(const TileScheduler& sched) {
+    if (kp.p.paged_rows)
+      follow_blocks<true>(sched);
+    else
+      follow_blocks<false>(sched);
+  }
+
+  // One walk per read path, so that each keeps only its own state live (the producer has 24 registers).
+  template <bool kRows>
+  __device__ void follow_blocks(const TileScheduler& sched) {
     const FwdParams& p = kp.p;
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
@@ -227,27 +241,36 @@ struct FwdLoad {
       const Tile tile(p, sched.tile(idx));
       const int kv_head = kPackGQA ? tile.t.head : tile.t.head / p.group;
       auto load_k = [&](int n) {
-        load_rows<false>(sK, tile, kv_head, n, pipe_k, k_write);
+        if constexpr (kRows)
+          load_rows<false>(sK, tile, kv_head, n, pipe_k, k_write);
+        else
+          load_boxes(kp.tma_k, kp.tma_k_page, kp.shape_k, sK, tile, kv_head, n, pipe_k, k_write);
         ++k_write;
       };
       auto load_v = [&](int n) {
         if constexpr (!Traits::kVTransposed) {
-          load_rows<true>(sV, tile, kv_head, n, pipe_v, v_write);
+          if constexpr (kRows)
+            load_rows<true>(sV, tile, kv_head, n, pipe_v, v_write);
+          else
+            load_boxes(kp.tma_v, kp.tma_v_page, kp.shape_v, sV, tile, kv_head, n, pipe_v, v_write);
           ++v_write;
         }
       };
       if (tile.range.hi > tile.range.lo) load_k(tile.range.hi - 1);
       rest_of_blocks(tile.range, load_k, load_v);
     }
-    cp_async_wait<0>();  // no copy outlives its issuing lane
+    if constexpr (kRows) cp_async_wait<0>();  // no copy outlives its issuing lane
   }
 
   // Key block n of a paged tile into the next stage: key j of the sequence is slot j % page_size of page
   // block_table[b][j / page_size]. Whole blocks (p.paged_box_rows == kBlockN: the page size is a multiple of the
-  // block) take one box of the block descriptor, other page sizes kBlockN / kPageBoxRows row boxes per atom
-  // column. Rows at or past the sequence's keys never read the table: their box gets page -1, which TMA fills with
-  // zeros, as it does for any out-of-range page index; the table entries are read before the stage is acquired, so
-  // that their latency runs under the wait for a free stage.
+  // block) take one box of the block descriptor, issued by the leader. Other page sizes take kBlockN / kPageBoxRows
+  // row boxes per atom column, and every warp of the producer warpgroup issues a share of them (row box i, all its
+  // columns, by warp i % 4, from its lane 0, which announces its own bytes on the stage's barrier: the kernel counts
+  // kRowWarps producer arrivals per stage in this mode): boxes of 16 rows from one thread read 1.3-1.6 TB/s at decode
+  // (bench/results/2026-12-02_h200_session18). Rows at or past the sequence's keys never read the table: their box
+  // gets page -1, which TMA fills with zeros, as it does for any out-of-range page index; the table entries are read
+  // before the stage is acquired, so that their latency runs under the wait for a free stage.
   template <class Tma, class TmaPage, class Smem>
   __device__ void load_boxes(const Tma& tma, const TmaPage& tma_page, const typename Traits::GmemShape& shape, Smem& sX,
                              const Tile& tile, int kv_head, int n, Pipeline& pipe, PipelineState& state) {
@@ -266,21 +289,29 @@ struct FwdLoad {
       }
       return;
     }
-    constexpr int kBoxes = kBlockN / kPageBoxRows, kAtomCols = Traits::kAtomCols;
-    int page[kBoxes];
+    constexpr int kBoxes = kBlockN / kPageBoxRows, kCols = kHeadDim / Traits::kAtomCols, kAtomCols = Traits::kAtomCols;
+    constexpr int kWarpBoxes = (kBoxes + kRowWarps - 1) / kRowWarps;  // the most row boxes one warp issues
+    constexpr int kBoxBytes = kPageBoxRows * kAtomCols * int(sizeof(Element));
+    const bool lead = lane_here() == 0;
+    int page[kWarpBoxes];
     CUTE_UNROLL
-    for (int i = 0; i < kBoxes; ++i) {
-      const int row = key0 + i * kPageBoxRows;
-      page[i] = leader && row < tile.seq.len_k ? table[row / p.page_size] : -1;
+    for (int j = 0; j < kWarpBoxes; ++j) {
+      const int row = key0 + (warp + j * kRowWarps) * kPageBoxRows;
+      page[j] = lead && warp + j * kRowWarps < kBoxes && row < tile.seq.len_k ? table[row / p.page_size] : -1;
     }
-    pipe.producer_acquire(state);
-    if (!leader) return;
+    pipe.producer_acquire(state);  // no leader in this mode: each warp announces its own bytes
+    if (!lead) return;
+    const int mine = (kBoxes - warp + kRowWarps - 1) / kRowWarps;  // row boxes of this warp
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(pipe.producer_get_barrier(state),
+                                                                   uint32_t(mine * kCols * kBoxBytes));
     CUTE_UNROLL
-    for (int i = 0; i < kBoxes; ++i) {
+    for (int j = 0; j < kWarpBoxes; ++j) {
+      const int i = warp + j * kRowWarps;
+      if (i >= kBoxes) break;
       const int slot_box = ((key0 + i * kPageBoxRows) % p.page_size) / kPageBoxRows;
-      Tensor m = tma_page.get_tma_tensor(shape)(_, _, kv_head, page[i]);  // (page_size, head_dim)
+      Tensor m = tma_page.get_tma_tensor(shape)(_, _, kv_head, page[j]);  // (page_size, head_dim)
       CUTE_UNROLL
-      for (int c = 0; c < kHeadDim / kAtomCols; ++c) {
+      for (int c = 0; c < kCols; ++c) {
         // Column boxes past the real head dim (a padded kernel) lie outside the tensor: zeros, full bytes.
         Tensor g = local_tile(m, Shape<Int<kPageBoxRows>, Int<kAtomCols>>{}, make_coord(slot_box, c));
         // The box's rows of this atom column: a contiguous run of the stage (atoms stack along the rows first),
