@@ -200,9 +200,9 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // the four warps' cp.async rows read 2.0-2.5 and boxes from one thread 1.3-1.6:
   // bench/results/2026-12-02_h200_session19/README.md); other page sizes, rows gathered with cp.async.
   if (p.paged())
-    f.paged = p.page_size % f.block_k == 0                 ? PagedLoad::kTmaBlocks
+    f.paged = p.page_size % f.block_k == 0            ? PagedLoad::kTmaBlocks
               : p.page_size % sm90::kPageBoxRows == 0 ? PagedLoad::kTmaRows
-                                                           : PagedLoad::kRows;
+                                                      : PagedLoad::kRows;
   f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
   if (f.num_splits > 1) {
     f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);

@@ -760,8 +760,8 @@ TEST(ForwardDropout, Sm90TileShapeReported) {
 // Only planned: nothing is launched.
 TEST(Sm80Validation, Sm90TileShapeReported) {
   SKIP_WITHOUT_GPU();
-  using flashattn::cuda::sm90::FwdEntry;
   using flashattn::cuda::sm90::fwd_tiles;
+  using flashattn::cuda::sm90::FwdEntry;
   static_assert(fwd_tiles(64, FwdEntry::kShort).block_q() != fwd_tiles(64, FwdEntry::kWindowed).block_q());
   SmallCall call;
   call.p.attn.causal = 1;

@@ -140,9 +140,9 @@ cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cu
 
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes) {
-  return cudaFuncGetAttributes(attributes,
-                               &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, FwdEntry::kWindowed, Mech>,
-                                           FwdVariantOf<kScoreMods, kDropout, false>>);
+  return cudaFuncGetAttributes(
+      attributes, &fwd_kernel<FwdTraits<typename ElementOf<kDtype>::type, kHeadDim, FwdEntry::kWindowed, Mech>,
+                              FwdVariantOf<kScoreMods, kDropout, false>>);
 }
 
 }  // namespace flashattn::cuda::sm90
