@@ -78,8 +78,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                             kp.tile_counter};
 
   if (warp_group == 0) {
-    // Producer warpgroup: gives its registers to the consumers; one warp issues the loads, and with paged rows the
-    // other three share the row gathers.
+    // Producer warpgroup: gives its registers to the consumers; one warp issues the loads, and with paged rows or row
+    // boxes the other three share each key block.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp != 0 && !Load::shares_blocks(p)) return;
     Load load(kp, ss, pipe_k, pipe_v, warp);

@@ -31,7 +31,7 @@ struct FwdLoad {
   static constexpr int kWgRows = Traits::kWgRows, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kWGs = Traits::kConsumerWGs, kWgThreads = Traits::kWgThreads;
   static constexpr int kProducerWarpThreads = 32;
-  // Paged rows (load_rows): every warp of the producer warpgroup gathers a share of each block's rows.
+  // Paged rows (load_rows) and row boxes (load_boxes): each warp of the producer warpgroup loads a share of a block.
   static constexpr int kRowWarps = Traits::kWgThreads / kProducerWarpThreads;
   static constexpr int kRowThreads = Traits::kWgThreads;  // producer arrivals per stage in that mode
   // Every producer warp loads a share of each key block: paged rows (load_rows) and 16-row boxes (load_boxes).
@@ -214,11 +214,11 @@ struct FwdLoad {
     if (range.hi > range.lo) load_v(range.lo);
   }
 
-  // Warps 1-3 of the producer warpgroup with paged rows or row boxes (Load::shares_blocks): each tile warp 0
-  // publishes (barrier_q, as the consumers see it), their share of its rows or boxes of K (and V, unless FP8 reads V
-  // by TMA) in warp 0's block order. They cannot
-  // miss a publication: warp 0 publishes the next tile only after the consumers released this one's Q space, which
-  // they do only after consuming every stage of this tile, which holds these warps' rows.
+  // Warps 1-3 of the producer warpgroup with paged rows or row boxes (shares_blocks): each tile warp 0 publishes
+  // (barrier_q, as the consumers see it), their share of its rows or boxes of K (and V, unless FP8 reads V by TMA) in
+  // warp 0's block order. They cannot miss a publication: warp 0 publishes the next tile only after the consumers
+  // released this one's Q space, which they do only after consuming every stage of this tile, which holds these
+  // warps' rows.
   __device__ void follow(const TileScheduler& sched) {
     if (kp.p.paged_rows)
       follow_blocks<true>(sched);
@@ -267,8 +267,9 @@ struct FwdLoad {
   // block) take one box of the block descriptor, issued by the leader. Other page sizes take kBlockN / kPageBoxRows
   // row boxes per atom column, and every warp of the producer warpgroup issues a share of them (row box i, all its
   // columns, by warp i % 4, from its lane 0, which announces its own bytes on the stage's barrier: the kernel counts
-  // kRowWarps producer arrivals per stage in this mode): boxes of 16 rows from one thread read 1.3-1.6 TB/s at decode
-  // (bench/results/2026-12-02_h200_session18). Rows at or past the sequence's keys never read the table: their box
+  // kRowWarps producer arrivals per stage in this mode): at decode, page 16, they read 3.0-3.9 TB/s where one thread's
+  // boxes read 1.3-1.6 and lanes 0/1 issuing a column each 2.8-3.5 (bench/results/2026-12-02_h200_session19). Rows at
+  // or past the sequence's keys never read the table: their box
   // gets page -1, which TMA fills with zeros, as it does for any out-of-range page index; the table entries are read
   // before the stage is acquired, so that their latency runs under the wait for a free stage.
   template <class Tma, class TmaPage, class Smem>
