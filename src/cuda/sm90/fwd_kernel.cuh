@@ -101,9 +101,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   mainloop.pingpong.prime();
   int q_phase = 0;
   for (;;) {
-    ss.barrier_q.wait(q_phase);
-    q_phase ^= 1;
-    const int idx = published_tile(ss.tile_idx);
+    const int idx = next_published_tile(ss, q_phase);
     if (idx >= sched.count()) break;
     const Tile tile(p, sched.tile(idx));
 

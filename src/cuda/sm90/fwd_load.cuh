@@ -234,9 +234,7 @@ struct FwdLoad {
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
     int q_phase = 0;
     for (;;) {
-      ss.barrier_q.wait(q_phase);
-      q_phase ^= 1;
-      const int idx = published_tile(ss.tile_idx);
+      const int idx = next_published_tile(ss, q_phase);
       if (idx >= sched.count()) break;
       const Tile tile(p, sched.tile(idx));
       const int kv_head = kPackGQA ? tile.t.head : tile.t.head / p.group;

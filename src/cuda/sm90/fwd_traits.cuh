@@ -289,9 +289,14 @@ __device__ __forceinline__ void publish_tile(int& slot, int idx) {
   *reinterpret_cast<volatile int*>(&slot) = idx;
   asm volatile("" ::: "memory");
 }
-__device__ __forceinline__ int published_tile(const int& slot) {
+// The next tile published, as the consumers and the paged-load followers take it: barrier_q's next phase, then the
+// index (the scheduler's count after the last tile).
+template <class SharedStorage>
+__device__ __forceinline__ int next_published_tile(SharedStorage& ss, int& q_phase) {
+  ss.barrier_q.wait(q_phase);
+  q_phase ^= 1;
   asm volatile("" ::: "memory");
-  return *reinterpret_cast<const volatile int*>(&slot);
+  return *reinterpret_cast<const volatile int*>(&ss.tile_idx);
 }
 
 }  // namespace flashattn::cuda::sm90
