@@ -46,6 +46,19 @@ fa_status guarded(F&& body) noexcept {
   }
 }
 
+// The frame of the entry points that report through the last error: it is cleared, params (any of them non-null)
+// checked, exec defaulted; body(exec) returns the call's Error, which becomes the status and the last error.
+template <class F>
+fa_status entry_call(const void* params, const fa_exec* exec, F&& body) {
+  return guarded([&] {
+    g_static_error = nullptr;
+    g_last_error.clear();
+    if (params == nullptr) return record(invalid("params", "null pointer"));
+    const Error e = body(exec ? *exec : fa_exec_default());
+    return e.ok() ? FA_OK : record(e);
+  });
+}
+
 Error backend_code(const fa_exec& exec) {
   if (exec.backend < FA_BACKEND_AUTO || exec.backend > FA_BACKEND_CUDA_SM90)
     return invalid("exec.backend", "unknown backend code " + std::to_string(int(exec.backend)));
@@ -127,40 +140,29 @@ template <class Params, class P>
 fa_status run_beside_attention(const Params* params, const fa_exec* exec, const char* tensor,
                                Error (*validate_params)(const Params&, P*), Error (*cpu)(const P&),
                                Error (*cuda)(const P&, void*)) {
-  return guarded([&] {
-    g_static_error = nullptr;
-    g_last_error.clear();
-    if (params == nullptr) return record(invalid("params", "null pointer"));
-    const fa_exec x = exec ? *exec : fa_exec_default();
-    if (Error e = backend_code(x); !e.ok()) return record(e);
+  return entry_call(params, exec, [&](const fa_exec& x) {
+    if (Error e = backend_code(x); !e.ok()) return e;
     P problem;
-    if (Error e = validate_params(*params, &problem); !e.ok()) return record(e);
-    if (Error e = device_rule(x, problem.device, tensor); !e.ok()) return record(e);
-    Error e =
-        problem.device == FA_DEVICE_CPU ? cpu(problem)
-        : cuda != nullptr
-            ? cuda(problem, x.stream)
-            : unsupported(std::string(tensor) + ": CUDA tensors given but this build of flashattn has no CUDA backend");
-    return e.ok() ? FA_OK : record(e);
+    if (Error e = validate_params(*params, &problem); !e.ok()) return e;
+    if (Error e = device_rule(x, problem.device, tensor); !e.ok()) return e;
+    return problem.device == FA_DEVICE_CPU ? cpu(problem)
+           : cuda != nullptr ? cuda(problem, x.stream)
+                             : unsupported(std::string(tensor) +
+                                           ": CUDA tensors given but this build of flashattn has no CUDA backend");
   });
 }
 
 // fa_forward and fa_forward_probs: the forward's one validation into a Problem, then `body` with it.
 template <class Body>
 fa_status forward_call(const fa_fwd_params* params, const fa_exec* exec, Body&& body) {
-  return guarded([&] {
-    g_static_error = nullptr;
-    g_last_error.clear();
-    if (params == nullptr) return record(invalid("params", "null pointer"));
-    const fa_exec x = exec ? *exec : fa_exec_default();
+  return entry_call(params, exec, [&](const fa_exec& x) {
     const Backend* backend = nullptr;
     Problem problem;
     if (Error e = prepare(params->attn, params->out, params->lse, nullptr, nullptr, nullptr, nullptr,
                           Direction::kForward, x, &backend, &problem);
         !e.ok())
-      return record(e);
-    if (Error e = body(*backend, problem, x); !e.ok()) return record(e);
-    return FA_OK;
+      return e;
+    return body(*backend, problem, x);
   });
 }
 
@@ -229,32 +231,23 @@ fa_status fa_forward_probs(const fa_fwd_params* params, const fa_tensor* probs, 
 }
 
 fa_status fa_backward(const fa_bwd_params* params, const fa_exec* exec) {
-  return guarded([&] {
-    g_static_error = nullptr;
-    g_last_error.clear();
-    if (params == nullptr) return record(invalid("params", "null pointer"));
-    const fa_exec x = exec ? *exec : fa_exec_default();
+  return entry_call(params, exec, [&](const fa_exec& x) {
     const Backend* backend = nullptr;
     Problem problem;
     if (Error e = prepare(params->attn, params->out, params->lse, &params->dout, &params->dq, &params->dk, &params->dv,
                           Direction::kBackward, x, &backend, &problem, &params->dsinks);
         !e.ok())
-      return record(e);
+      return e;
     if (backend->backward == nullptr)
-      return record(unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet"));
-    if (Error e = backend->backward(problem, x); !e.ok()) return record(e);
-    return FA_OK;
+      return unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet");
+    return backend->backward(problem, x);
   });
 }
 
 namespace {
 fa_status plan_of(const fa_fwd_params* fwd, const fa_bwd_params* bwd, const fa_exec* exec, fa_plan_info* info) {
-  return guarded([&] {
-    g_static_error = nullptr;
-    g_last_error.clear();
-    if (fwd == nullptr && bwd == nullptr) return record(invalid("params", "null pointer"));
-    if (info == nullptr) return record(invalid("info", "null pointer"));
-    const fa_exec x = exec ? *exec : fa_exec_default();
+  return entry_call(fwd ? static_cast<const void*>(fwd) : bwd, exec, [&](const fa_exec& x) {
+    if (info == nullptr) return invalid("info", "null pointer");
     const Backend* backend = nullptr;
     Problem problem;
     const Direction dir = bwd ? Direction::kBackward : Direction::kForward;
@@ -262,14 +255,14 @@ fa_status plan_of(const fa_fwd_params* fwd, const fa_bwd_params* bwd, const fa_e
         bwd ? prepare(bwd->attn, bwd->out, bwd->lse, &bwd->dout, &bwd->dq, &bwd->dk, &bwd->dv, dir, x, &backend,
                       &problem, &bwd->dsinks)
             : prepare(fwd->attn, fwd->out, fwd->lse, nullptr, nullptr, nullptr, nullptr, dir, x, &backend, &problem);
-    if (!prepared.ok()) return record(prepared);
+    if (!prepared.ok()) return prepared;
     if (dir == Direction::kBackward && backend->backward == nullptr)
-      return record(unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet"));
+      return unsupported(std::string("backward is not implemented by the ") + backend->name + " backend yet");
     PlanInfo plan;
-    if (Error e = backend->plan(problem, x, dir, &plan); !e.ok()) return record(e);
+    if (Error e = backend->plan(problem, x, dir, &plan); !e.ok()) return e;
     *info = fa_plan_info{plan.kernels,    plan.block_q,          plan.block_k,
                          plan.num_splits, plan.pack_gqa ? 1 : 0, plan.workspace_bytes};
-    return FA_OK;
+    return ok();
   });
 }
 }  // namespace

@@ -279,6 +279,10 @@ std::vector<Case> backward_cases() {
     c.name = "varlen_causal_d128"; c.d = c.dv = 128; c.causal = true; add(c);
     c.name = "varlen_window_tl_gqa"; c.hq = 4, c.hkv = 2; c.causal = false; c.wl = 20, c.wr = 20; c.top_left = true; add(c);
     c.name = "varlen_window_tl_gqa_deterministic"; c.deterministic = true; add(c);
+    // Several query blocks per sequence, the last one short (sm90 d64 zeroes its rows before the previous step
+    // issues its S^T: tiles.hpp overlap_steps).
+    Case l; l.d = l.dv = 64; l.lens_q = {300, 129, 257}; l.lens_k = {300, 400, 100}; l.causal = true;
+    l.name = "varlen_multiblock_causal"; add(l);
     Case u; u.d = u.dv = 128; u.batch = 3; u.sq = 70, u.sk = 200;
     u.name = "seqused_k"; u.seqused_k = {0, 77, 200}; add(u);
     u.name = "seqused_k_causal_varlen"; u.lens_q = {50, 64, 3}; u.lens_k = {100, 64, 130}; u.seqused_k = {60, 0, 130}; u.causal = true; add(u);
@@ -364,6 +368,7 @@ std::vector<Case> backward_sanitizer_cases() {
     c.name = "bwd_d" + std::to_string(d) + "_causal"; c.causal = true; v.push_back(c);
   }
   Case pad; pad.sq = 70, pad.sk = 45, pad.d = pad.dv = 200; pad.name = "bwd_d200_padded"; v.push_back(pad);
+  Case mb; mb.sq = 300, mb.sk = 140, mb.d = mb.dv = 64; mb.name = "bwd_d64_multiblock"; v.push_back(mb);
   Case g; g.sq = 40, g.sk = 70, g.hq = 4, g.hkv = 2; g.deterministic = true;
   g.name = "bwd_gqa_deterministic"; v.push_back(g);
   Case vg; vg.lens_q = {3, 70, 130}; vg.lens_k = {40, 9, 150}; vg.hq = 4, vg.hkv = 2; vg.wl = 10, vg.wr = 4;
