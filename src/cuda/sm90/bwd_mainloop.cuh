@@ -296,12 +296,7 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       }
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tSrS_fresh = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});  // with kOverlap: m+1's
-      auto& tSrS = [&]() -> auto& {
-        if constexpr (kOverlap)
-          return tSrS_carried;
-        else
-          return tSrS_fresh;
-      }();
+      auto& tSrS = kOverlap ? tSrS_carried : tSrS_fresh;
       if constexpr (!kOverlap) {
         pipe_q.consumer_wait(q_read);
         wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), tSrS);
