@@ -22,7 +22,7 @@ from bench_fwd import Attention, Exec, FwdParams, Tensor, view
 
 class BwdParams(C.Structure):
     _fields_ = [("attn", Attention), ("out", Tensor), ("lse", Tensor), ("dout", Tensor), ("dq", Tensor),
-                ("dk", Tensor), ("dv", Tensor)]
+                ("dk", Tensor), ("dv", Tensor), ("dsinks", Tensor)]
 
 
 def lse_view(t):

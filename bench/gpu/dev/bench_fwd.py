@@ -32,11 +32,14 @@ class Attention(C.Structure):
                 ("seqused_k", Tensor), ("max_seqlen_q", C.c_int64), ("max_seqlen_k", C.c_int64),
                 ("has_softmax_scale", C.c_int), ("softmax_scale", C.c_float), ("causal", C.c_int),
                 ("causal_alignment", C.c_int), ("window_left", C.c_int64), ("window_right", C.c_int64),
-                ("softcap", C.c_float), ("alibi_slopes", Tensor), ("dropout_p", C.c_float)]
+                ("softcap", C.c_float), ("alibi_slopes", Tensor), ("dropout_p", C.c_float), ("sinks", Tensor),
+                ("dropout_seed", C.c_uint64), ("dropout_offset", C.c_uint64), ("block_table", Tensor),
+                ("q_descale", Tensor), ("k_descale", Tensor), ("v_descale", Tensor), ("dropout_rng", Tensor)]
 
 
 class Exec(C.Structure):
-    _fields_ = [("backend", C.c_int), ("num_threads", C.c_int), ("stream", C.c_void_p), ("deterministic", C.c_int)]
+    _fields_ = [("backend", C.c_int), ("num_threads", C.c_int), ("stream", C.c_void_p), ("deterministic", C.c_int),
+                ("num_splits", C.c_int)]
 
 
 class FwdParams(C.Structure):
