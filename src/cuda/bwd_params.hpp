@@ -44,8 +44,7 @@ struct BwdParams : FwdParams {
   int64_t dq_blocks = 0;
   int64_t dq_tile = 0;
   bool deterministic = false;
-  bool overlap_steps = false;  // BwdPlan::overlap_steps
-  float* dsinks = nullptr;     // the sinks' gradient (sink_grad.cu), optional
+  float* dsinks = nullptr;  // the sinks' gradient (sink_grad.cu), optional
 };
 
 // dsinks from the dsum workspace and lse, after the backward kernels (sm80/sink_grad.cu).

@@ -125,7 +125,6 @@ BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan) {
   k.rows_k = p.varlen ? p.total_k : p.batch * p.seqlen_k;
   k.dsum_stride = dsum_stride(k.rows_q);
   k.deterministic = plan.deterministic;
-  k.overlap_steps = plan.overlap_steps;
   k.dq_tile = plan.dq_tile;
   k.dq_blocks = plan.dq_blocks;
   k.dq_splits = plan.dq_splits;

@@ -362,11 +362,6 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
       b.block_q = tiles.block_q;
       b.block_k = tiles.block_k;
       b.dq_splits = 1;
-      b.overlap_steps = tiles.overlap_steps;
-#ifdef FLASHATTN_SM90_ABLATIONS
-      if (const char* overlap = std::getenv("FLASHATTN_SM90_BWD_OVERLAP"); overlap != nullptr)
-        b.overlap_steps = b.overlap_steps && std::strtol(overlap, nullptr, 10) != 0;
-#endif
       bwd_geometry(p, b);
       return detail::ok();
     }

@@ -87,9 +87,6 @@ struct BwdPlan {
   int head_dim = 0;
   Variant variant;
   bool deterministic = false;  // dQ in ordered splits instead of atomics
-  // sm90 where the tiles say so (sm90/tiles.hpp): each step issues the next step's S^T before waiting for its own
-  // dQ. Ablation builds read FLASHATTN_SM90_BWD_OVERLAP=0 at every call (the kernel then waits for that S^T at once).
-  bool overlap_steps = false;
   int block_q = 0, block_k = 0;
   int dq_splits = 1;
   int64_t dq_blocks = 0, dq_tile = 0;  // dQ accumulator geometry (sm80/bwd_params.hpp)

@@ -279,8 +279,8 @@ std::vector<Case> backward_cases() {
     c.name = "varlen_causal_d128"; c.d = c.dv = 128; c.causal = true; add(c);
     c.name = "varlen_window_tl_gqa"; c.hq = 4, c.hkv = 2; c.causal = false; c.wl = 20, c.wr = 20; c.top_left = true; add(c);
     c.name = "varlen_window_tl_gqa_deterministic"; c.deterministic = true; add(c);
-    // Several query blocks per sequence, the last one short (sm90 d64 zeroes its rows before the previous step
-    // issues its S^T: tiles.hpp overlap_steps).
+    // Several query blocks per sequence at d64 (sm90 block_q 128), the last one short: its rows are zeroed
+    // (q_tails) while earlier steps' tiles are still in the pipeline.
     Case l; l.d = l.dv = 64; l.lens_q = {300, 129, 257}; l.lens_k = {300, 400, 100}; l.causal = true;
     l.name = "varlen_multiblock_causal"; add(l);
     Case u; u.d = u.dv = 128; u.batch = 3; u.sq = 70, u.sk = 200;

@@ -2,7 +2,8 @@
 # Backward A/B of several source trees in one process: each tree's libflashattn_capi.so built with the small
 # configuration of sm90_bwd_loop.sh (ci kernels + the sm90 head dims of DEV_HDIMS, default 64), then bench_bwd.py
 # timing every library beside FA2 and cuDNN on the same inputs, twice, the second time in the reverse order.
-# usage: bench/gpu/dev/bwd_ab.sh OUTDIR TREE:TAG [TREE:TAG ...]   (TREE: a source tree, "." for this one)
+# usage: bench/gpu/dev/bwd_ab.sh OUTDIR TREE:TAG [TREE:TAG ...]   (TREE: a source tree, "." for this one, or a
+# libflashattn_capi.so already built, e.g. by sm90_bwd_loop.sh in the call before)
 # DEV_AB_HDIMS: bench_bwd.py's --hdims (default 64); DEV_AB_SEQLENS (default 512 1024 2048 4096 8192 16384).
 set -uo pipefail
 OUT=$1; shift
@@ -11,6 +12,10 @@ mkdir -p "$OUT"
 libs=()
 for spec in "$@"; do
   tree=${spec%%:*}; tag=${spec#*:}
+  if [[ $tree == *.so ]]; then
+    [[ -f $tree ]] && libs+=("$tree:$tag") || echo "$tag: no library at $tree"
+    continue
+  fi
   [[ $tree == /* ]] || tree=$REPO/$tree
   mkdir -p "$tree/.whl" && cp -n "$REPO"/.whl/* "$tree/.whl/" 2>/dev/null
   t0=$(date +%s)

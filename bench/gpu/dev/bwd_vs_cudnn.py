@@ -31,12 +31,7 @@ def main():
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--profile", action="store_true",
                     help="also print the CUDA time of each kernel of our backward (torch.profiler, 10 calls)")
-    ap.add_argument("--env", default="",
-                    help="an environment variable an ablation build's plan reads at every call (e.g. "
-                    "FLASHATTN_SM90_BWD_OVERLAP): ours is timed once per --values entry, as backend ours_<value>")
-    ap.add_argument("--values", default="", help="comma-separated values of --env")
     a = ap.parse_args()
-    settings = [(v, f"ours_{v}") for v in a.values.split(",")] if a.env else [(None, "ours")]
     ours = common.load_ours(bench.DEV)
     print("# " + common.describe_ours(ours), flush=True)
     b = bench.Bench(a.csv, warmup_ms=25, rep_ms=100)
@@ -70,14 +65,9 @@ def main():
                         note = "reldiff_vs_cudnn dq/dk/dv=" + "/".join(f"{d:.1e}" for d in rel)
                         return note + ("" if fin else " NONFINITE")
 
-                    for value, name in settings:
-                        if value is not None:
-                            os.environ[a.env] = value
-                        b.measure("bwd", name, mine, flops, base, agree)
-                        if a.profile:
-                            kernel_shares(mine, base)
-                    if a.env:
-                        os.environ.pop(a.env, None)
+                    b.measure("bwd", "ours", mine, flops, base, agree)
+                    if a.profile:
+                        kernel_shares(mine, base)
                     del q, k, v, peer, mine
                     torch.cuda.empty_cache()
 

@@ -158,16 +158,15 @@ struct BwdConsumer {
     }
     tails_visible();
   }
-  // The same for the query rows past a varlen sequence (dV += P^T.dO and dK += dS^T.Q read them). Waits for the
-  // step's Q and dO (stages q, d; this step's by default).
-  __device__ void q_tails(int rows_here) { q_tails(rows_here, q_read, do_read); }
-  __device__ void q_tails(int rows_here, PipelineState q, PipelineState d) {
+  // The same for the query rows past a varlen sequence (dV += P^T.dO and dK += dS^T.Q read them). Waits for this
+  // step's Q and dO.
+  __device__ void q_tails(int rows_here) {
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutQ{});
-    pipe_q.consumer_wait(q);
-    pipe_do.consumer_wait(d);
-    zero_rows(sQ(_, _, q.index()), max(rows_here, 0), kBlockM);
-    zero_rows(sdO(_, _, d.index()), max(rows_here, 0), kBlockM);
+    pipe_q.consumer_wait(q_read);
+    pipe_do.consumer_wait(do_read);
+    zero_rows(sQ(_, _, q_read.index()), max(rows_here, 0), kBlockM);
+    zero_rows(sdO(_, _, do_read.index()), max(rows_here, 0), kBlockM);
     tails_visible();
   }
   // Hidden scores (and queries past the sequence) get P = 0 by assignment: their LSE and inputs may be anything.
@@ -200,7 +199,6 @@ template <class Traits, class Mask, class Opts>
 struct BwdMainloop : BwdConsumer<Traits, Mask> {
   using Base = BwdConsumer<Traits, Mask>;
   static constexpr bool kDropout = Opts::kDropout;
-  static constexpr bool kOverlap = Traits::kOverlapSteps;
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kWgThreads, Base::kConsumerThreads;
   using Base::ss, Base::pipe_q, Base::pipe_do, Base::ctid, Base::wg, Base::tid, Base::q_read, Base::do_read;
   using typename Base::AccKV;
@@ -208,8 +206,6 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
   using typename Base::Element;
   using typename Base::Pipeline;
   static constexpr int kDqSyncThreads = kWgThreads + cutlass::NumThreadsPerWarp;  // a warpgroup and the dQ writer
-  // A step waits for the next step's Q while holding its own: one stage would deadlock.
-  static_assert(!kOverlap || Traits::kStages >= 2);
   using Base::Base;
 
   __device__ void run(const BwdParams& p, const Block& blk, AccKV& acc_dk, AccKV& acc_dv) {
@@ -258,22 +254,6 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
     [[maybe_unused]] BwdDropoutMask<kRows, kCols> drop;  // this step's; the next one's is drawn during dQ
     if constexpr (kDropout) drop.draw(p, cS_rc, bh, n0, blk.m_lo * kBlockM, lane);
 
-    // With overlap_steps (tiles.hpp) each step's S^T = K.Q^T is issued before the step: the first here, every later
-    // one by the step before, right after its dQ, so that it runs while that step waits for dQ and stages it (the
-    // tensor cores idle there otherwise, both warpgroups waiting together: docs/journal/studies/sm90_bwd_vs_fa3.md).
-    // The wgmma writes a fresh fragment, copied into the carried one once complete: with the carried fragment as its
-    // accumulator (P is formed in place) or still in flight across the loop's back edge, ptxas serialised every
-    // wgmma of the kernel.
-    [[maybe_unused]] Tensor tSrS_carried = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-    if constexpr (kOverlap) {
-      Tensor tSrS_first = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      if (varlen && len_q - blk.m_lo * kBlockM < kBlockM) this->q_tails(len_q - blk.m_lo * kBlockM);
-      pipe_q.consumer_wait(q_read);
-      wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_read.index()), tSrS_first);
-      warpgroup_wait<0>();
-      cute::copy(tSrS_first, tSrS_carried);
-    }
-
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       const int m0 = m * kBlockM;
       const int q_stage = q_read.index(), do_stage = do_read.index(), buf = step % 2;
@@ -281,8 +261,7 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       const float next_stat = has_next ? this->load_stat(p, stats, m + 1) : 0.f;
       const int rows_here = min(kBlockM, len_q - m0);
       const bool edge = rows_here < kBlockM || blk.mask.block_needs_mask(m0, rows_here, n0, kBlockN);
-      if constexpr (!kOverlap)
-        if (varlen && rows_here < kBlockM) this->q_tails(rows_here);
+      if (varlen && rows_here < kBlockM) this->q_tails(rows_here);
 
       // The LSE of this thread's columns, read before the GEMMs where registers allow (block_q 64: 16 columns):
       // read after S^T's wait, each shared load queued behind the GEMMs' operand reads and the exponentials
@@ -294,13 +273,10 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) lse_cols[c] = lse[get<1>(cS_rc(0, c))];
       }
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      Tensor tSrS_fresh = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});  // with kOverlap: m+1's
-      auto& tSrS = kOverlap ? tSrS_carried : tSrS_fresh;
-      if constexpr (!kOverlap) {
-        pipe_q.consumer_wait(q_read);
-        wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), tSrS);
-      }
+      pipe_q.consumer_wait(q_read);
+      wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), tSrS);
       pipe_do.consumer_wait(do_read);
       wgmma_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), tdPrdP);
 
@@ -363,24 +339,9 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
-      if (kOverlap && has_next) {
-        // The next step's S^T, its query rows past a varlen sequence zeroed first (the next stages: no GEMM in
-        // flight reads them).
-        typename Base::PipelineState q_next = q_read, do_next = do_read;
-        ++q_next;
-        ++do_next;
-        if (varlen && len_q - (m0 + kBlockM) < kBlockM) this->q_tails(len_q - (m0 + kBlockM), q_next, do_next);
-        pipe_q.consumer_wait(q_next);
-        warpgroup_wait<1>();  // dV and dK: their register operands (P, dS) die before S^T's accumulator is live
-        wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_next.index()), tSrS_fresh);
-        if (!p.overlap_steps) warpgroup_wait<0>();  // ablation: S^T not under the dQ wait and staging
-      }
       if constexpr (kDropout)
         if (has_next) drop.draw(p, cS_rc, bh, n0, m0 + kBlockM, lane);
-      if (kOverlap && has_next)
-        warpgroup_wait<1>();  // dV, dK and dQ are done; the next S^T runs on
-      else
-        warpgroup_wait<0>();
+      warpgroup_wait<0>();
       this->release_step();
 
       // dQ to this step's staging tile for the writer warp's bulk reduce-add (bwd_epilogue.cuh: BwdDqWriter); from
@@ -394,10 +355,6 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
             make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::arrive(kDqSyncThreads, BwdBarrier::kDqFull + wg);
-      if constexpr (kOverlap) {
-        warpgroup_wait<0>();  // the next S^T: no GEMM stays in flight across steps
-        cute::copy(tSrS_fresh, tSrS_carried);
-      }
     }
   }
 };

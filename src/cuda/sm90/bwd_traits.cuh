@@ -53,7 +53,6 @@ struct BwdTraits {
   static constexpr int kBlockN = kTiles.block_k;
   static constexpr int kStages = kTiles.stages;
   static constexpr bool kSplitHeadDim = kTiles.split_head_dim;
-  static constexpr bool kOverlapSteps = kTiles.overlap_steps;
   static constexpr int kWgRows = kWarpgroupRows;  // keys per consumer warpgroup (split: all the CTA's keys)
   static constexpr int kConsumerWGs = 2;
   static_assert(kSplitHeadDim ? kBlockN == kWgRows && kBlockM == 64 : kBlockN == kConsumerWGs * kWgRows);

@@ -84,21 +84,16 @@ constexpr int64_t fwd_short_seqlen(int head_dim, bool windowed, bool fp8) {
 // - Above 128 (split_head_dim): 64 keys whose dK and dV the two warpgroups split by head dim (2 * 64 * d/2 / 128
 //   accumulators: 128 at d256); each computes S^T and dP^T for half of the 64 query rows, and P and dS go
 //   through shared memory to the other (bwd_mainloop_split.cuh). 128 keys would need 256 accumulators a thread.
-// overlap_steps: each step issues the next step's S^T under its own dQ wait and staging (bwd_mainloop.cuh); that
-// accumulator lives beside dQ's and dK/dV's. Off everywhere: at d64 (0 spills) it measured 0.96-0.98x the plain
-// step without a mask and 0.99-1.00x causal (bench/results/2026-12-03_h200_session20/README.md); at d128 ptxas
-// sm_90a spilled 96-168 bytes.
 struct BwdTiles {
   int block_q;
   int block_k;
   int stages;
   bool split_head_dim;
-  bool overlap_steps;
 };
 constexpr BwdTiles bwd_tiles(int head_dim) {
-  if (head_dim <= 64) return {128, 128, 2, false, false};
-  if (head_dim <= 128) return {64, 128, 2, false, false};
-  return {64, 64, 2, true, false};
+  if (head_dim <= 64) return {128, 128, 2, false};
+  if (head_dim <= 128) return {64, 128, 2, false};
+  return {64, 64, 2, true};
 }
 
 }  // namespace flashattn::cuda::sm90
