@@ -233,7 +233,9 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
     Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, N/16, 2)
     Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA, 1, N/16)
-    auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
+    // dS^T rows (keys) of 8 queries are 16 contiguous bytes of the MN-major dS: stmatrix stores four 8 x 8 blocks
+    // a warp instruction (8 instructions a thread at d64) where 4-byte stores took 32.
+    auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
     auto copy_ds_thr = copy_ds.get_thread_slice(ctid);
     Tensor tdSsdS = copy_ds_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
 
