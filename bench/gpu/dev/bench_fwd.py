@@ -2,10 +2,12 @@
 same protocol as shared/anchors/sdpa_bench.py: triton do_bench median, bf16, batch*seqlen = 16k tokens,
 model dim 2048 (heads = 2048 / hdim), FLOPs 4*B*H*S*S*D (halved when causal).
 
-    python3 bench_fwd.py path/to/libflashattn_capi.so [seqlen ...] [--hdims 64,128,256] [--ours-only] [--tag NAME]
+    python3 bench_fwd.py LIB[:TAG] [LIB2[:TAG2] ...] [seqlen ...] [--hdims 64,128,256] [--ours-only] [--tag NAME]
                          [--backends auto,sm80,sm90]
 
---backends times each named backend of ours (rows tagged by name; default: auto only, tagged --tag).
+Several libraries (e.g. two builds of the forward) are timed in the same process, next to the same SDPA runs; a
+library's rows carry its TAG (one library: --tag, default "ours"). --backends times each named backend of ours
+(rows tagged by name, or TAG_name with several libraries; default: auto only).
 
 Calls the C ABI through ctypes (no binding needed). Prints TSV: backend hdim causal seqlen batch heads ms tflops,
 and a max-abs-difference check of ours against SDPA for each shape.
@@ -56,10 +58,7 @@ def view(t):
 
 
 def main():
-    lib = C.CDLL(sys.argv[1])
-    lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
-    lib.fa_last_error.restype = C.c_char_p
-    args = sys.argv[2:]
+    args = sys.argv[1:]
     hdims, ours_only, tag = (64, 128, 256), False, "ours"
     if "--hdims" in args:
         i = args.index("--hdims")
@@ -77,6 +76,15 @@ def main():
     if "--ours-only" in args:
         ours_only = True
         args.remove("--ours-only")
+    libs = []
+    for a in [a for a in args if ".so" in a]:
+        args.remove(a)
+        path, _, ltag = a.partition(".so:")
+        path = path + ".so" if ltag else a
+        lib = C.CDLL(path)
+        lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
+        lib.fa_last_error.restype = C.c_char_p
+        libs.append((ltag or tag, lib))
     seqlens = [int(s) for s in args] or [1024, 2048, 8192]
     print("# device", torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
           flush=True)
@@ -95,21 +103,25 @@ def main():
                 p.attn.causal = int(causal)
                 p.attn.window_left = p.attn.window_right = -1
                 flops = 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
-                results = {}
-                for bname in backends or [None]:
-                    ex = Exec()
-                    ex.backend = {None: 0, "auto": 0, "sm80": 2, "sm90": 3}[bname]
-                    ex.stream = torch.cuda.current_stream().cuda_stream
+                results, outs = {}, {}
+                for ltag, lib in libs:
+                    for bname in backends or [None]:
+                        ex = Exec()
+                        ex.backend = {None: 0, "auto": 0, "sm80": 2, "sm90": 3}[bname]
+                        ex.stream = torch.cuda.current_stream().cuda_stream
+                        name = (f"{ltag}_{bname}" if len(libs) > 1 else bname) if bname else ltag
 
-                    def ours():
-                        if lib.fa_forward(C.byref(p), C.byref(ex)) != 0:
-                            raise RuntimeError(lib.fa_last_error().decode())
+                        def ours():
+                            if lib.fa_forward(C.byref(p), C.byref(ex)) != 0:
+                                raise RuntimeError(lib.fa_last_error().decode())
 
-                    try:
-                        ours()
-                        results[bname or tag] = do_bench(ours, warmup=50, rep=200, return_mode="median")
-                    except Exception as e:
-                        print(f"# {bname or tag} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+                        try:
+                            out.fill_(float("nan"))
+                            ours()
+                            outs[name] = out.clone()
+                            results[name] = do_bench(ours, warmup=50, rep=200, return_mode="median")
+                        except Exception as e:
+                            print(f"# {name} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
                 ref = None
                 peers = (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
@@ -126,11 +138,11 @@ def main():
                 for name, ms in results.items():
                     print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t"
                           f"{flops / ms / 1e9:.1f}", flush=True)
-                if ref is not None:
-                    diff = (out.float() - ref.transpose(1, 2).float()).abs().max().item()
-                    print(f"# check hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - sdpa| = {diff:.3e}",
-                          flush=True)
-                del q, k, v, out, ref
+                for name, o in outs.items() if ref is not None else ():
+                    diff = (o.float() - ref.transpose(1, 2).float()).abs().max().item()
+                    print(f"# check {name} hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - sdpa| = "
+                          f"{diff:.3e}", flush=True)
+                del q, k, v, out, ref, outs
                 torch.cuda.empty_cache()
 
 

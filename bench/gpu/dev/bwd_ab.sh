@@ -4,7 +4,8 @@
 # timing every library beside FA2 and cuDNN on the same inputs, twice, the second time in the reverse order.
 # usage: bench/gpu/dev/bwd_ab.sh OUTDIR TREE:TAG [TREE:TAG ...]   (TREE: a source tree, "." for this one, or a
 # libflashattn_capi.so already built, e.g. by sm90_bwd_loop.sh in the call before)
-# DEV_AB_HDIMS: bench_bwd.py's --hdims (default 64); DEV_AB_SEQLENS (default 512 1024 2048 4096 8192 16384).
+# DEV_AB_HDIMS: the benchmarks' --hdims (default 64); DEV_AB_SEQLENS (default 512 1024 2048 4096 8192 16384);
+# DEV_AB_BENCH: which of bench_bwd.py / bench_fwd.py time the libraries (default "bwd"; "fwd", "fwd bwd").
 set -uo pipefail
 OUT=$1; shift
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -27,9 +28,12 @@ for spec in "$@"; do
 done
 rev=(); for ((i = ${#libs[@]} - 1; i >= 0; i--)); do rev+=("${libs[i]}"); done
 cd "$REPO/bench/gpu/dev" || exit 1
-for order in fwd rev; do
-  if [[ $order == fwd ]]; then set -- "${libs[@]}"; else set -- "${rev[@]}"; fi
-  timeout 200 python3 bench_bwd.py "$@" --hdims "${DEV_AB_HDIMS:-64}" ${DEV_AB_SEQLENS:-512 1024 2048 4096 8192 16384} \
-    >"$OUT/ab_$order.tsv" 2>&1
-  echo "order $order rc $?"
+for bench in ${DEV_AB_BENCH:-bwd}; do
+  for order in fwd rev; do
+    if [[ $order == fwd ]]; then set -- "${libs[@]}"; else set -- "${rev[@]}"; fi
+    f=$OUT/ab_$order.tsv; [[ $bench == bwd ]] || f=$OUT/ab_${bench}_$order.tsv
+    timeout 200 python3 "bench_$bench.py" "$@" --hdims "${DEV_AB_HDIMS:-64}" \
+      ${DEV_AB_SEQLENS:-512 1024 2048 4096 8192 16384} >"$f" 2>&1
+    echo "$bench order $order rc $?"
+  done
 done

@@ -5,7 +5,8 @@
 # usage: bench/gpu/dev/sm90_bwd_loop.sh OUTDIR [gtest filter]
 # DEV_HDIMS: the sm90 head dims (default "64;128"); DEV_SAN_FILTER: the sanitizers' gtest filter; DEV_PYTHON=OFF:
 # no Python extension and no benchmark (a C++-only check, e.g. of the forward's load paths); DEV_TARGET: build only it;
-# DEV_BWD_BENCH=0: no backward benchmark; DEV_GTEST_S: the GPU suite's timeout (default 200 s); DEV_CMAKE_ARGS: more
+# DEV_BWD_BENCH=0: no backward benchmark; DEV_GTEST_S: the GPU suite's timeout (default 200 s), DEV_SAN_S each
+# sanitizer's (default 90 s); DEV_CMAKE_ARGS: more
 # configure arguments (e.g. -DFLASHATTN_SM90_ABLATIONS=ON).
 set -uo pipefail
 OUT=$1; FILTER=${2:-'*Backward*'}
@@ -43,7 +44,7 @@ FLASHATTN_REQUIRE_SM90=1 timeout "${DEV_GTEST_S:-200}" "$BIN" --gtest_filter="$F
 echo "gtest rc $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" "$OUT/gtest.log" | head -40
 if [[ ${DEV_BWD_SANITIZE:-1} == 1 ]]; then
   for tool in memcheck racecheck; do
-    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter="${DEV_SAN_FILTER:-Sanitizer*sm90_bwd_d64*:Sanitizer*sm90_bwd_d128*:Sanitizer*sm90_bwd_varlen_window_gqa*}" >"$OUT/san_$tool.log" 2>&1
+    timeout "${DEV_SAN_S:-90}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter="${DEV_SAN_FILTER:-Sanitizer*sm90_bwd_d64*:Sanitizer*sm90_bwd_d128*:Sanitizer*sm90_bwd_varlen_window_gqa*}" >"$OUT/san_$tool.log" 2>&1
     echo "sanitizer $tool rc $?"; grep -E "ERROR SUMMARY|Hazard|Invalid" "$OUT/san_$tool.log" | head -5
   done
 fi

@@ -64,7 +64,9 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
     Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, N/16, 2)
     Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA, 1, N/16)
-    auto copy_c = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
+    // P^T and dS^T rows (keys) of 8 queries are 16 contiguous bytes of the K-major SmemLayoutPt: stmatrix, as
+    // BwdMainloop's dS store.
+    auto copy_c = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
     auto copy_c_thr = copy_c.get_thread_slice(ctid);
     Tensor tPsP = copy_c_thr.partition_D(sPt);     // (CPY, CPY_N, CPY_M, 2)
     Tensor tdSsdS = copy_c_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)

@@ -112,9 +112,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     typename Mainloop::Softmax softmax;
     // With softcap the factor is inside the tanh (ScoreMods) and the logits leave it in logit units.
     const float logit_qk = Opts::kScoreMods && p.softcap > 0.f ? 1.f : factors.qk;
-    mainloop.run(p, tile, tOrO, softmax, p.scale_log2 * logit_qk, factors.qk);
-    // Q is no longer read: unless O is staged in Q's space, the producer may load the next tile's Q right away.
-    if constexpr (!Epilogue::kOInQSpace) Load::release_q_space();
+    // Unless O is staged in Q's space, the producer may load the next tile's Q as soon as this tile's last Q.K^T
+    // has read it (kEarlyQRelease; LateQRelease: after the last P.V): the next Q then lands under the last P.V and
+    // the epilogue instead of after them.
+    constexpr bool kEarlyQ = Traits::Mech::kEarlyQRelease && !Epilogue::kOInQSpace;
+    mainloop.run(p, tile, tOrO, softmax, p.scale_log2 * logit_qk, factors.qk, [] {
+      if constexpr (kEarlyQ) Load::release_q_space();
+    });
+    if constexpr (!kEarlyQ && !Epilogue::kOInQSpace) Load::release_q_space();
 
     float lse[Mainloop::kRowsPerThread], sink[Mainloop::kRowsPerThread];
     Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));

@@ -132,8 +132,11 @@ struct FwdMainloop {
 
   // The tile's key blocks into tOrO (cleared first) and softmax (fresh). Blocks run from the last to the first.
   // scale_log2: the logits' factor in base 2 (FwdParams::scale_log2, times FP8's q_descale * k_descale `qk` where
-  // the factor is not inside softcap's tanh).
-  __device__ void run(const FwdParams& p, const Tile& tile, AccO& tOrO, Softmax& softmax, float scale_log2, float qk) {
+  // the factor is not inside softcap's tanh). q_done() is called exactly once, as soon as this warpgroup's Q is no
+  // longer read: after the last Q.K^T has completed (before the last P.V), or at once for an empty range.
+  template <class QDone>
+  __device__ void run(const FwdParams& p, const Tile& tile, AccO& tOrO, Softmax& softmax, float scale_log2, float qk,
+                      QDone&& q_done) {
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(tid);
@@ -203,7 +206,10 @@ struct FwdMainloop {
       }
     };
 
-    if (range.hi <= range.lo) return;
+    if (range.hi <= range.lo) {
+      q_done();
+      return;
+    }
     float correction[kRowsPerThread];
     using Operands = typename Traits::Operands;
     Tensor tOrP = Operands::make_probs(partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{}));
@@ -257,12 +263,14 @@ struct FwdMainloop {
         if (rescale) softmax.rescale(o_rc, correction);
         to_probs(tSrS);
       }
+      q_done();  // every Q.K^T has completed (the last wait above was warpgroup_wait<0>, or qk_alone's)
       pv_alone();
     } else {
       for (int n = range.hi - 1; n >= range.lo; --n) {
         prob_mod.draw(cS_rc, m0_wg, n * kBlockN);
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         qk_alone(tSrS);
+        if (n == range.lo) q_done();
         const bool rescale = n == range.hi - 1 ? softmax_step(tSrS, n, cute::true_type{}, correction)
                                                : softmax_step(tSrS, n, cute::false_type{}, correction);
         if (rescale) softmax.rescale(o_rc, correction);

@@ -11,6 +11,7 @@ struct NoPingpong {};        // consumer warpgroups issue their GEMMs unordered
 struct NoIntraWgOverlap {};  // softmax waits for the block's GEMMs (S, then P.V) to finish
 struct NotPersistent {};     // one CTA per tile instead of one per SM walking the tiles
 struct SmemEpilogue {};      // O always leaves through shared memory (stmatrix + TMA store / vector stores)
+struct LateQRelease {};      // the next tile's Q load waits for this tile's last P.V, not its last Q.K^T
 template <int N>
 struct KvStages {};  // K/V pipeline depth instead of the tile table's
 template <int N>
@@ -31,6 +32,7 @@ struct Mechanisms {
   static constexpr bool kIntraWgOverlap = !(false || ... || std::is_same_v<Options, NoIntraWgOverlap>);
   static constexpr bool kPersistent = !(false || ... || std::is_same_v<Options, NotPersistent>);
   static constexpr bool kDirectEpilogue = !(false || ... || std::is_same_v<Options, SmemEpilogue>);
+  static constexpr bool kEarlyQRelease = !(false || ... || std::is_same_v<Options, LateQRelease>);
   static constexpr int kStages = (0 + ... + StagesOf<Options>::value);  // 0: the tile table's depth
   static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
 };

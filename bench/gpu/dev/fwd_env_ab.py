@@ -1,0 +1,69 @@
+"""One forward variant against another in one process, through an environment switch that an ablation build reads at
+every call (e.g. FLASHATTN_SM90_MECHANISMS=late_q_release: bf16 d128 takes that ablation kernel; "" the default one),
+cuDNN (SDPA) beside them. bf16, batch * seqlen = 16k tokens, heads = 2048 / d, triton do_bench medians; FLOPs
+4 B H S^2 D, halved when causal. Each value is timed twice, in the order given and reversed.
+
+    PYTHONPATH=<package root> python3 bench/gpu/dev/fwd_env_ab.py --env NAME --values a,b [--hdims 128]
+                                      [--seqlens 512,...] [--csv F]
+"""
+import argparse
+import csv
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashattn
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--env", required=True)
+    ap.add_argument("--values", required=True, help="comma-separated; an empty item sets the variable to ''")
+    ap.add_argument("--hdims", default="128")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--csv", default="")
+    a = ap.parse_args()
+    values = a.values.split(",")
+    rows = []
+    print("hdim\tcausal\tseqlen\tcudnn\t" + "\t".join(f"{a.env}={v or '<empty>'}" for v in values) + "\tmaxdiff")
+    for d in (int(x) for x in a.hdims.split(",")):
+        for causal in (False, True):
+            for s in (int(x) for x in a.seqlens.split(",")):
+                b, h = 16384 // s, 2048 // d
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                ref = cudnn().transpose(1, 2).float()
+                tf = {"cudnn": flops / do_bench(cudnn, warmup=50, rep=200, return_mode="median") / 1e9}
+                runs = {val: [] for val in values}
+                diff, finite = 0.0, True
+                for val in values + values[::-1]:
+                    os.environ[a.env] = val
+                    fn = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+                    out = fn().float()
+                    diff = max(diff, float((out - ref).abs().max()))
+                    finite = finite and bool(torch.isfinite(out).all())
+                    runs[val].append(flops / do_bench(fn, warmup=50, rep=200, return_mode="median") / 1e9)
+                os.environ.pop(a.env)
+                row = dict(hdim=d, causal=int(causal), seqlen=s, batch=b, heads=h, cudnn=f"{tf['cudnn']:.1f}")
+                for val in values:
+                    row[val or "<empty>"] = "/".join(f"{t:.1f}" for t in runs[val])
+                row["maxdiff"] = f"{diff:.2e}" + ("" if finite else " NONFINITE")
+                rows.append(row)
+                print("\t".join(str(x) for x in row.values()), flush=True)
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
