@@ -18,6 +18,34 @@ from triton.testing import do_bench
 import flashattn
 
 
+def measure(d, causal, s, env, values, both_orders=True):
+    """One shape (bf16, 16k tokens, heads 2048 / d): cuDNN's TFLOP/s, each value's TFLOP/s (a list: the given order,
+    then with both_orders the reversed one) and the largest |ours - cuDNN| over every run ("NONFINITE" appended if any
+    output was not finite)."""
+    b, h = 16384 // s, 2048 // d
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    ref = cudnn().transpose(1, 2).float()
+    cudnn_tf = flops / do_bench(cudnn, warmup=50, rep=200, return_mode="median") / 1e9
+    runs = {val: [] for val in values}
+    diff, finite = 0.0, True
+    for val in list(values) + (list(values)[::-1] if both_orders else []):
+        os.environ[env] = val
+        fn = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+        out = fn().float()
+        diff = max(diff, float((out - ref).abs().max()))
+        finite = finite and bool(torch.isfinite(out).all())
+        runs[val].append(flops / do_bench(fn, warmup=50, rep=200, return_mode="median") / 1e9)
+    os.environ.pop(env)
+    return cudnn_tf, runs, f"{diff:.2e}" + ("" if finite else " NONFINITE")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--env", required=True)
@@ -28,34 +56,17 @@ def main():
     a = ap.parse_args()
     values = a.values.split(",")
     rows = []
-    print("hdim\tcausal\tseqlen\tcudnn\t" + "\t".join(f"{a.env}={v or '<empty>'}" for v in values) + "\tmaxdiff")
+    print("hdim\tcausal\tseqlen\tbatch\theads\tcudnn\t" + "\t".join(f"{a.env}={v or '<empty>'}" for v in values)
+          + "\tmaxdiff")
     for d in (int(x) for x in a.hdims.split(",")):
         for causal in (False, True):
             for s in (int(x) for x in a.seqlens.split(",")):
-                b, h = 16384 // s, 2048 // d
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                ref = cudnn().transpose(1, 2).float()
-                tf = {"cudnn": flops / do_bench(cudnn, warmup=50, rep=200, return_mode="median") / 1e9}
-                runs = {val: [] for val in values}
-                diff, finite = 0.0, True
-                for val in values + values[::-1]:
-                    os.environ[a.env] = val
-                    fn = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-                    out = fn().float()
-                    diff = max(diff, float((out - ref).abs().max()))
-                    finite = finite and bool(torch.isfinite(out).all())
-                    runs[val].append(flops / do_bench(fn, warmup=50, rep=200, return_mode="median") / 1e9)
-                os.environ.pop(a.env)
-                row = dict(hdim=d, causal=int(causal), seqlen=s, batch=b, heads=h, cudnn=f"{tf['cudnn']:.1f}")
+                cudnn_tf, runs, diff = measure(d, causal, s, a.env, values)
+                row = dict(hdim=d, causal=int(causal), seqlen=s, batch=16384 // s, heads=2048 // d,
+                           cudnn=f"{cudnn_tf:.1f}")
                 for val in values:
                     row[val or "<empty>"] = "/".join(f"{t:.1f}" for t in runs[val])
-                row["maxdiff"] = f"{diff:.2e}" + ("" if finite else " NONFINITE")
+                row["maxdiff"] = diff
                 rows.append(row)
                 print("\t".join(str(x) for x in row.values()), flush=True)
     if a.csv:

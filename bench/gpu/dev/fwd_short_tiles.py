@@ -8,15 +8,10 @@ bench/gpu/bench.py; FLOPs 4 B H S^2 D, halved when causal.
 """
 import argparse
 import csv
-import os
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
+from fwd_env_ab import measure
 
-import flashattn
-
+ENV = "FLASHATTN_SM90_SHORT_SEQLEN"
 ENTRIES = (("other", "0"), ("short", str(1 << 40)))
 
 
@@ -31,27 +26,11 @@ def main():
     for d in (int(x) for x in a.hdims.split(",")):
         for causal in (False, True):
             for s in (int(x) for x in a.seqlens.split(",")):
-                b, h = 16384 // s, 2048 // d
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                ref = cudnn().transpose(1, 2).float()
-                tf, outs = {"cudnn": flops / do_bench(cudnn, warmup=50, rep=200, return_mode="median") / 1e9}, {}
-                for name, limit in ENTRIES:
-                    os.environ["FLASHATTN_SM90_SHORT_SEQLEN"] = limit
-                    fn = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-                    outs[name] = fn().float()
-                    tf[name] = flops / do_bench(fn, warmup=50, rep=200, return_mode="median") / 1e9
-                os.environ.pop("FLASHATTN_SM90_SHORT_SEQLEN")
-                diff = max(float((o - ref).abs().max()) for o in outs.values())
-                finite = all(bool(torch.isfinite(o).all()) for o in outs.values())
-                diff = f"{diff:.2e}" + ("" if finite else " NONFINITE")
-                row = dict(hdim=d, causal=int(causal), seqlen=s, batch=b, heads=h, cudnn=f"{tf['cudnn']:.1f}",
-                           other=f"{tf['other']:.1f}", short=f"{tf['short']:.1f}", maxdiff=diff)
+                cudnn_tf, runs, diff = measure(d, causal, s, ENV, [limit for _, limit in ENTRIES], both_orders=False)
+                tf = {"cudnn": cudnn_tf, **{name: runs[limit][0] for name, limit in ENTRIES}}
+                row = dict(hdim=d, causal=int(causal), seqlen=s, batch=16384 // s, heads=2048 // d,
+                           cudnn=f"{tf['cudnn']:.1f}", other=f"{tf['other']:.1f}", short=f"{tf['short']:.1f}",
+                           maxdiff=diff)
                 rows.append(row)
                 print(f"{d}\t{int(causal)}\t{s}\t{tf['cudnn']:.1f}\t{tf['other']:.1f}\t{tf['short']:.1f}\t"
                       f"{tf['short'] / tf['other']:.3f}\t{tf['short'] / tf['cudnn']:.3f}\t{diff}", flush=True)
