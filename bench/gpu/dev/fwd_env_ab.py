@@ -46,6 +46,15 @@ def measure(d, causal, s, env, values, both_orders=True):
     return cudnn_tf, runs, f"{diff:.2e}" + ("" if finite else " NONFINITE")
 
 
+def write_csv(path, rows):
+    """rows (dicts with the same keys) as a CSV file at path; nothing without a path or rows."""
+    if path and rows:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--env", required=True)
@@ -69,11 +78,7 @@ def main():
                 row["maxdiff"] = diff
                 rows.append(row)
                 print("\t".join(str(x) for x in row.values()), flush=True)
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(a.csv, rows)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,8 @@ bench/gpu/bench.py; FLOPs 4 B H S^2 D, halved when causal.
     PYTHONPATH=<package root> python3 bench/gpu/dev/fwd_short_tiles.py [--hdims 64,128] [--seqlens 512,...] [--csv F]
 """
 import argparse
-import csv
 
-from fwd_env_ab import measure
+from fwd_env_ab import measure, write_csv
 
 ENV = "FLASHATTN_SM90_SHORT_SEQLEN"
 ENTRIES = (("other", "0"), ("short", str(1 << 40)))
@@ -34,11 +33,7 @@ def main():
                 rows.append(row)
                 print(f"{d}\t{int(causal)}\t{s}\t{tf['cudnn']:.1f}\t{tf['other']:.1f}\t{tf['short']:.1f}\t"
                       f"{tf['short'] / tf['other']:.3f}\t{tf['short'] / tf['cudnn']:.3f}\t{diff}", flush=True)
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(a.csv, rows)
 
 
 if __name__ == "__main__":
