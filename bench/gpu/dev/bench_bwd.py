@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from bench_fwd import Attention, Exec, FwdParams, Tensor, view
+from bench_fwd import Attention, Exec, FwdParams, Tensor, load_libs, view
 
 
 class BwdParams(C.Structure):
@@ -35,15 +35,9 @@ def lse_view(t):
 
 def main():
     args = sys.argv[1:]
-    libs = []
-    for a in [a for a in args if ".so" in a]:
-        path, _, tag = a.partition(":")
-        lib = C.CDLL(path)
-        lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
+    libs = load_libs(args)
+    for _, lib in libs:
         lib.fa_backward.argtypes = [C.POINTER(BwdParams), C.POINTER(Exec)]
-        lib.fa_last_error.restype = C.c_char_p
-        libs.append((tag or "ours", lib))
-        args.remove(a)
     hdims = (64, 128)
     if "--hdims" in args:
         i = args.index("--hdims")

@@ -57,6 +57,19 @@ def view(t):
     return v
 
 
+def load_libs(args, default_tag="ours"):
+    """The LIB[:TAG] arguments of args (removed from it) as (tag, ctypes library) pairs, fa_forward typed."""
+    libs = []
+    for a in [a for a in args if ".so" in a]:
+        args.remove(a)
+        path, _, tag = a.partition(".so:")
+        lib = C.CDLL(path + ".so" if tag else a)
+        lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
+        lib.fa_last_error.restype = C.c_char_p
+        libs.append((tag or default_tag, lib))
+    return libs
+
+
 def main():
     args = sys.argv[1:]
     hdims, ours_only, tag = (64, 128, 256), False, "ours"
@@ -76,15 +89,7 @@ def main():
     if "--ours-only" in args:
         ours_only = True
         args.remove("--ours-only")
-    libs = []
-    for a in [a for a in args if ".so" in a]:
-        args.remove(a)
-        path, _, ltag = a.partition(".so:")
-        path = path + ".so" if ltag else a
-        lib = C.CDLL(path)
-        lib.fa_forward.argtypes = [C.POINTER(FwdParams), C.POINTER(Exec)]
-        lib.fa_last_error.restype = C.c_char_p
-        libs.append((ltag or tag, lib))
+    libs = load_libs(args, tag)
     seqlens = [int(s) for s in args] or [1024, 2048, 8192]
     print("# device", torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
           flush=True)
