@@ -186,7 +186,9 @@ void run_fp8(const Fp8Case& c) {
   fa_exec exec = fa_exec_default();
   exec.num_splits = c.num_splits;
   const fa_status status = fa_forward(&gp, &exec);
-  if (status == FA_ERROR_UNSUPPORTED && !sm90_required()) GTEST_SKIP() << fa_last_error();
+  // Skips off Hopper and, on Hopper, in a ci kernel set without this head dim (FLASHATTN_REQUIRE_SM90 otherwise).
+  if (status == FA_ERROR_UNSUPPORTED && (!sm90_required() || sm90_unavailable_message(fa_last_error())))
+    GTEST_SKIP() << fa_last_error();
   ASSERT_EQ(status, FA_OK) << fa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_STREQ(fa_backend_name(&gp, &exec), "cuda-sm90");

@@ -4,9 +4,15 @@ beside cuDNN (SDPA) in the same process, TB/s of K+V (triton's do_bench, median)
 what the plan's choice leaves against the best count.
 
     PYTHONPATH=<package root> python3 bench/gpu/dev/decode_splits.py [--splits 0,1,2,...] [--csv FILE]
+                                      [--env NAME --values a,b]
+
+--env/--values: each count is also timed under each value of an environment switch that an ablation build reads at
+every call (e.g. FLASHATTN_SM90_MECHANISMS=no_idle_skip; an empty value: the default kernel), in the given order and
+then reversed, so that two kernels compare in one process.
 """
 import argparse
 import csv
+import os
 
 import torch
 import torch.nn.functional as F
@@ -38,8 +44,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--splits", default="0,1,2,3,4,6,8,11,12,16,17,22,24,32,33,44,48,64,66")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--env", default="")
+    ap.add_argument("--values", default="", help="with --env: comma-separated; an empty item sets it to ''")
     a = ap.parse_args()
     splits = [int(s) for s in a.splits.split(",")]
+    values = a.values.split(",") if a.env else [None]
+    order = values + values[::-1] if a.env else values
     rows = []
     print("batch\tkeys\tbackend\tsplits\tus\tTB/s\tvs_cudnn", flush=True)
     for batch, keys in SHAPES:
@@ -52,11 +62,18 @@ def main():
         for s in splits:
             def ours():
                 return flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=s)
-            err = (ours().float() - ref).abs().max().item()
-            ms = do_bench(ours, warmup=25, rep=200, return_mode="median")
-            rows.append((batch, keys, "ours", s, ms * 1e3, nbytes / ms / 1e9, base / ms))
-            print(f"{batch}\t{keys}\tours\t{s}\t{ms * 1e3:.1f}\t{nbytes / ms / 1e9:.2f}\t{base / ms:.3f}"
-                  f"\t{'' if err < 1e-2 else f'maxdiff {err:.2e}'}", flush=True)
+            for val in order:
+                if a.env:
+                    os.environ[a.env] = val
+                name = "ours" if val is None else f"ours:{val or 'default'}"
+                out = ours().float()
+                err = (out - ref).abs().max().item() if bool(torch.isfinite(out).all()) else float("nan")
+                ms = do_bench(ours, warmup=25, rep=200, return_mode="median")
+                rows.append((batch, keys, name, s, ms * 1e3, nbytes / ms / 1e9, base / ms))
+                print(f"{batch}\t{keys}\t{name}\t{s}\t{ms * 1e3:.1f}\t{nbytes / ms / 1e9:.2f}\t{base / ms:.3f}"
+                      f"\t{'' if err < 1e-2 else f'maxdiff {err:.2e}'}", flush=True)
+            if a.env:
+                os.environ.pop(a.env)
         q = kc = vc = None
         torch.cuda.empty_cache()
     if a.csv:

@@ -36,8 +36,8 @@ namespace {
 using Launch = cudaError_t (*)(const FwdParams&, const FwdPlan&, int*, cudaStream_t);
 
 // Ablation builds (FLASHATTN_SM90_ABLATIONS): FLASHATTN_SM90_MECHANISMS=<variant> makes bf16 d128 forwards without
-// softcap/ALiBi run that variant of the kernel (one mechanism changed), read at every call so that a benchmark can
-// switch between variants in one process. Empty in default builds.
+// softcap/ALiBi/dropout, packed or not, run that variant of the kernel (one mechanism changed), read at every call so
+// that a benchmark can switch between variants in one process. Empty in default builds.
 struct Ablation {
   const char* name;
   Launch launch;
@@ -48,11 +48,10 @@ const Ablation kAblations[] = {
 #undef FA_SM90_ABLATION
     {nullptr, nullptr}};
 
-// The plans the default table serves with its plain bf16 d128 kernel (not packed: the variants
-// are the unpacked kernel's mechanisms).
+// The plans the default table serves with its plain bf16 d128 kernel (packed GQA included: decode takes it).
 Launch ablation_launch(const detail::Problem& p, const FwdPlan& plan) {
   if (kAblations[0].name == nullptr || p.dtype != FA_BFLOAT16 || plan.head_dim != 128 || plan.variant.score_mods ||
-      plan.variant.dropout || plan.pack_gqa)
+      plan.variant.dropout)
     return nullptr;
   const char* want = std::getenv("FLASHATTN_SM90_MECHANISMS");
   if (want == nullptr) return nullptr;

@@ -2,11 +2,13 @@
 // keys, and a thread cannot hold its keys' dK and dV over the whole head dim (2 * 64 * 256 / 128 accumulators at
 // d256), so the two consumer warpgroups split it. Per step:
 //   S^T, dP^T   each warpgroup for its 32 of the 64 query columns (K and V rows as A, Q and dO rows as B)
-//   P, dS       formed in registers as in BwdMainloop, then written as P^T and dS^T (bf16) to shared memory
-//   barrier     both warpgroups' halves are in place (the buffers alternate per step: the other warpgroup may
+//   P           formed in registers as in BwdMainloop and written as P^T (bf16) to shared memory; a barrier
+//               (both warpgroups' halves in place), then dV_w += P^T . dO[:, half w] is issued, so that it runs
+//               while dS is formed (FlashAttention-3 publishes P first for the same reason; +1-2 % at every
+//               d256 shape, bench/results/2026-12-03_h200_session22)
+//   dS          dS^T (bf16) to shared memory; barrier (the buffers alternate per step: the other warpgroup may
 //               still read the previous step's)
-//   dV_w += P^T . dO[:, half w], dK_w += dS^T . Q[:, half w], dQ[:, half w] = dS . K[:, half w]   (all from
-//               shared memory, issued together)
+//   dK_w += dS^T . Q[:, half w], dQ[:, half w] = dS . K[:, half w]   (all from shared memory)
 // and each thread adds its dQ fragment into the fp32 workspace with vector reductions, in the register order of
 // the staging tiles (dq_convert_kernel reads that order). A role split instead (warpgroup 0 S^T and P, warpgroup
 // 1 dP^T and dS, 64 query columns each, P handed over through shared memory) measured 4-7% slower without a mask
@@ -127,7 +129,11 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
         Tensor rP = convert_fragment<Element>(tSrS);
         cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
       }
-      warpgroup_wait<0>();  // dP^T is ready
+      // Both halves of P^T in place, then dV (an SS GEMM: no register operand stays pinned while dS is formed).
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kPReady);
+      wgmma_gemm<false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdO(_, _, _, do_stage), acc_dv);
+      warpgroup_wait<1>();  // dP^T is ready (dV may still run)
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
         CUTE_UNROLL
@@ -142,7 +148,6 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
 
-      wgmma_gemm<false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdO(_, _, _, do_stage), acc_dv);
       wgmma_gemm<false>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQ(_, _, _, q_stage), acc_dk);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);

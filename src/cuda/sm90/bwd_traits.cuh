@@ -180,6 +180,7 @@ enum BwdBarrier : int {
   kDqEmpty = 1,  // one per consumer warpgroup (1, 2) with the dQ writer warp: the next staging tile may be written
   kDqFull = 3,   // one per consumer warpgroup (3, 4) with the dQ writer warp: this step's staging tile is written
   kTails = 5,    // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
+  kPReady = 6,   // both consumer warpgroups (split mainloop): this step's P^T is in shared memory
   kBwdBarrierCount
 };
 static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16,

@@ -118,7 +118,7 @@ cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cu
   using Windowed = FwdTraits<Element, kHeadDim, FwdEntry::kWindowed, Mech>;
   using Unpacked = FwdVariantOf<kScoreMods, kDropout, false>;
   constexpr bool kFp8 = Windowed::kFp8;  // no packed FP8 kernel (plan.cpp)
-  if constexpr (std::is_same_v<Mech, Mechanisms<>> && !kFp8 && !kDropout) {
+  if constexpr (!kFp8 && !kDropout) {
     if (plan.pack_gqa) return launch_kernel<Windowed, FwdVariantOf<kScoreMods, false, true>>(p, plan, counter, stream);
   }
   if constexpr (!kDropout) {

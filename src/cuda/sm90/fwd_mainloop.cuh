@@ -210,6 +210,30 @@ struct FwdMainloop {
       q_done();
       return;
     }
+    // A warpgroup whose rows all lie past the sequence computes nothing, but still waits for and releases every K/V
+    // stage, passes the ping-pong turn on and meets the V tail barrier, so that the producer and the other
+    // warpgroups proceed as if it had run. Its O stays zero (no keys: softmax.finish gives 0 and LSE -inf) and none
+    // of its rows is stored. Packed tiles only: the second warpgroup of every packed decode tile has no row (one
+    // query of a 4-head group fills 4 of 128 rows), and skipping it read +0.5-3 % at decode batches 32-128
+    // (bench/results/2026-12-03_h200_session22). Unpacked, skipping the idle warpgroups of d64's 192-row tiles at
+    // 512 and 1k gained nothing measurable (the same run).
+    if constexpr (Mech::kIdleSkip && kPackGQA) {
+      if (m0_wg >= tile.seq.len_q * tile.rows_per_pos) {
+        q_done();
+        for (int n = range.hi - 1; n >= range.lo; --n) {
+          pipe_k.consumer_wait(k_read);
+          pingpong.wait();
+          pingpong.signal();
+          pipe_k.consumer_release(k_read);
+          ++k_read;
+          if (zero_v_tail && n == range.hi - 1) zero_v_tail_rows();
+          pipe_v.consumer_wait(v_read);
+          pipe_v.consumer_release(v_read);
+          ++v_read;
+        }
+        return;
+      }
+    }
     float correction[kRowsPerThread];
     using Operands = typename Traits::Operands;
     Tensor tOrP = Operands::make_probs(partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{}));

@@ -12,6 +12,7 @@ struct NoIntraWgOverlap {};  // softmax waits for the block's GEMMs (S, then P.V
 struct NotPersistent {};     // one CTA per tile instead of one per SM walking the tiles
 struct SmemEpilogue {};      // O always leaves through shared memory (stmatrix + TMA store / vector stores)
 struct LateQRelease {};      // the next tile's Q load waits for this tile's last P.V, not its last Q.K^T
+struct NoIdleSkip {};        // a packed warpgroup whose rows all lie past the sequence still runs its GEMMs
 template <int N>
 struct KvStages {};  // K/V pipeline depth instead of the tile table's
 template <int N>
@@ -33,6 +34,7 @@ struct Mechanisms {
   static constexpr bool kPersistent = !(false || ... || std::is_same_v<Options, NotPersistent>);
   static constexpr bool kDirectEpilogue = !(false || ... || std::is_same_v<Options, SmemEpilogue>);
   static constexpr bool kEarlyQRelease = !(false || ... || std::is_same_v<Options, LateQRelease>);
+  static constexpr bool kIdleSkip = !(false || ... || std::is_same_v<Options, NoIdleSkip>);
   static constexpr int kStages = (0 + ... + StagesOf<Options>::value);  // 0: the tile table's depth
   static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
 };
