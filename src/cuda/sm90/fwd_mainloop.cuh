@@ -214,9 +214,9 @@ struct FwdMainloop {
     // stage, passes the ping-pong turn on and meets the V tail barrier, so that the producer and the other
     // warpgroups proceed as if it had run. Its O stays zero (no keys: softmax.finish gives 0 and LSE -inf) and none
     // of its rows is stored. Packed tiles only: the second warpgroup of every packed decode tile has no row (one
-    // query of a 4-head group fills 4 of 128 rows), and skipping it read +0.5-3 % at decode batches 32-128
-    // (bench/results/2026-12-03_h200_session22). Unpacked, skipping the idle warpgroups of d64's 192-row tiles at
-    // 512 and 1k gained nothing measurable (the same run).
+    // query of a 4-head group fills 4 of 128 rows), and skipping it read +1.5-7.5 % at decode batches 64-128 and
+    // up to +1 % below (bench/results/2026-12-03_h200_session22, runs 1 and 3). Unpacked, skipping the idle
+    // warpgroups of d64's 192-row tiles at 512 and 1k gained nothing measurable (run 1).
     if constexpr (Mech::kIdleSkip && kPackGQA) {
       if (m0_wg >= tile.seq.len_q * tile.rows_per_pos) {
         q_done();
