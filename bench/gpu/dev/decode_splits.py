@@ -9,10 +9,15 @@ what the plan's choice leaves against the best count.
 --env/--values: each count is also timed under each value of an environment switch that an ablation build reads at
 every call (e.g. FLASHATTN_SM90_MECHANISMS=no_idle_skip; an empty value: the default kernel), in the given order and
 then reversed, so that two kernels compare in one process.
+--cudnn-bshd: cuDNN also on the caches' own (B, keys, H, D) layout (strided views, the layout we read), as the row
+"cudnn_bshd", to separate what the head-major copies give cuDNN from what its kernel does.
+--profile: each kernel's CUDA time per call of ours (the plan's count, or the first of --splits) and of cuDNN
+(torch.profiler), printed as "# profile" lines beside the call's do_bench time: the rest is launch gaps.
 """
 import argparse
 import csv
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +25,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 import flashattn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import common  # noqa: E402
 
 SHAPES = ((1, 65536), (8, 16384), (32, 8192), (128, 4096), (64, 32768))
 HQ, HKV, D = 32, 8, 128
@@ -40,12 +48,34 @@ def decode_case(batch, keys):
     return nbytes, q, kc, vc, cudnn
 
 
+def cudnn_on_bshd(q, kc, vc):
+    """cuDNN's SDPA on transposed views of the (B, keys, H, D) caches themselves (no head-major copies)."""
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    return cudnn
+
+
+def print_profile(batch, keys, name, fn, ms):
+    """fn's kernels (CUDA time per call) against its do_bench time ms."""
+    rows = common.kernel_times(fn, reps=20)
+    busy = sum(t for _, t in rows)
+    print(f"# profile {batch}x{keys} {name}: call {ms * 1e3:.1f} us, kernels {busy:.1f} us, "
+          f"rest {ms * 1e3 - busy:.1f} us", flush=True)
+    for kname, t in rows:
+        print(f"# profile {batch}x{keys} {name}:   {t:8.1f} us  {kname[:100]}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--splits", default="0,1,2,3,4,6,8,11,12,16,17,22,24,32,33,44,48,64,66")
     ap.add_argument("--csv", default="")
     ap.add_argument("--env", default="")
     ap.add_argument("--values", default="", help="with --env: comma-separated; an empty item sets it to ''")
+    ap.add_argument("--cudnn-bshd", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     splits = [int(s) for s in a.splits.split(",")]
     values = a.values.split(",") if a.env else [None]
@@ -58,6 +88,15 @@ def main():
         base = do_bench(cudnn, warmup=25, rep=200, return_mode="median")
         rows.append((batch, keys, "cudnn", "", base * 1e3, nbytes / base / 1e9, 1.0))
         print(f"{batch}\t{keys}\tcudnn\t\t{base * 1e3:.1f}\t{nbytes / base / 1e9:.2f}\t1.00", flush=True)
+        if a.profile:
+            print_profile(batch, keys, "cudnn", cudnn, base)
+        if a.cudnn_bshd:
+            strided = cudnn_on_bshd(q, kc, vc)
+            err = (strided().transpose(1, 2).float() - ref).abs().max().item()
+            ms = do_bench(strided, warmup=25, rep=200, return_mode="median")
+            rows.append((batch, keys, "cudnn_bshd", "", ms * 1e3, nbytes / ms / 1e9, base / ms))
+            print(f"{batch}\t{keys}\tcudnn_bshd\t\t{ms * 1e3:.1f}\t{nbytes / ms / 1e9:.2f}\t{base / ms:.3f}"
+                  f"\t{'' if err < 1e-2 else f'maxdiff {err:.2e}'}", flush=True)
         lens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
         for s in splits:
             def ours():
@@ -74,6 +113,8 @@ def main():
                       f"\t{'' if err < 1e-2 else f'maxdiff {err:.2e}'}", flush=True)
             if a.env:
                 os.environ.pop(a.env)
+            if a.profile and s == splits[0]:
+                print_profile(batch, keys, f"ours splits={s}", ours, ms)
         q = kc = vc = None
         torch.cuda.empty_cache()
     if a.csv:
