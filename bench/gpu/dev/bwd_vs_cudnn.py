@@ -30,7 +30,8 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--profile", action="store_true",
-                    help="also print the CUDA time of each kernel of our backward (torch.profiler, 10 calls)")
+                    help="also print the CUDA time of each kernel of our backward and of cuDNN's (torch.profiler, "
+                         "10 calls)")
     a = ap.parse_args()
     ours = common.load_ours(bench.DEV)
     print("# " + common.describe_ours(ours), flush=True)
@@ -68,6 +69,7 @@ def main():
                     b.measure("bwd", "ours", mine, flops, base, agree)
                     if a.profile:
                         kernel_shares(mine, base)
+                        kernel_shares(peer, {**base, "backend": "cudnn"})
                     del q, k, v, peer, mine
                     torch.cuda.empty_cache()
 

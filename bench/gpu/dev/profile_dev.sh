@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Where the short calls' time goes, in one device call: the small build of sm90_bwd_loop.sh (ci kernels, sm90
+# d64/d128, the Python package; no tests), then each kernel's CUDA time per call (torch.profiler) beside the call's
+# time, for ours and cuDNN: the backward at short sequences (preprocess, main kernel, dQ conversion) and decode
+# (main kernel, split-KV combine), with decode also timed through cuDNN on the caches' own layout.
+# usage: bench/gpu/dev/profile_dev.sh OUTDIR   (DEV_SEQLENS: the backward's lengths, default 512,1024,16384)
+set -uo pipefail
+OUT=$1
+REPO=$(cd "$(dirname "$0")/../../.." && pwd)
+export DEV_BWD_WORK=${DEV_BWD_WORK:-/tmp/dev-bwd} DEV_HDIMS=${DEV_HDIMS:-64;128}
+DEV_BWD_SANITIZE=0 DEV_BWD_BENCH=0 DEV_GTEST_S=5 bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT" 'NoTest.None' |
+  grep -v "^gtest rc"
+cd "$REPO/bench/gpu/dev" || exit 1
+PYTHONPATH=$DEV_BWD_WORK/pyroot timeout 200 python3 bwd_vs_cudnn.py --csv "$OUT/bwd_profile.csv" --profile \
+  --hdims 64,128 --seqlens "${DEV_SEQLENS:-512,1024,16384}" >"$OUT/bwd_profile.log" 2>&1
+echo "bwd_vs_cudnn rc $?"; grep -E "profile" "$OUT/bwd_profile.log" | head -80
+PYTHONPATH=$DEV_BWD_WORK/pyroot timeout 120 python3 decode_splits.py --splits 0 --profile --cudnn-bshd \
+  --csv "$OUT/decode_profile.csv" >"$OUT/decode_profile.log" 2>&1
+echo "decode_splits rc $?"; cat "$OUT/decode_profile.log"
