@@ -221,6 +221,18 @@ def kernel_times(fn, reps: int = 20) -> list:
     return sorted(per_kernel.items(), key=lambda r: -r[1])
 
 
+def print_kernel_times(fn, tag: str, call_us: float = 0.0, reps: int = 20) -> None:
+    """kernel_times(fn) as "# profile" lines (each kernel's time per call and share), after a line that sets their
+    sum against the call's own time call_us when given: the rest is launch gaps and host work."""
+    rows = kernel_times(fn, reps=reps)
+    busy = sum(t for _, t in rows)
+    if call_us:
+        print(f"# profile {tag}: call {call_us:.1f} us, kernels {busy:.1f} us, rest {call_us - busy:.1f} us",
+              flush=True)
+    for name, t in rows:
+        print(f"# profile {tag}: {t:8.1f} us {100 * t / max(busy, 1e-9):5.1f}%  {name[:100]}", flush=True)
+
+
 def env_info() -> dict:
     info = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",

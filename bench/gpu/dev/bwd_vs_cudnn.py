@@ -14,15 +14,6 @@ import bench  # noqa: E402
 import common  # noqa: E402
 
 
-def kernel_shares(fn, base):
-    """Each kernel's CUDA time per call of fn (the preprocess, main and postprocess kernels of one backward)."""
-    rows = common.kernel_times(fn, reps=10)
-    total = sum(t for _, t in rows)
-    tag = " ".join(f"{k}={v}" for k, v in base.items())
-    for name, t in rows:
-        print(f"  profile {tag}: {t:8.1f} us {100 * t / total:5.1f}%  {name[:90]}", flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", required=True)
@@ -67,9 +58,10 @@ def main():
                         return note + ("" if fin else " NONFINITE")
 
                     b.measure("bwd", "ours", mine, flops, base, agree)
-                    if a.profile:
-                        kernel_shares(mine, base)
-                        kernel_shares(peer, {**base, "backend": "cudnn"})
+                    if a.profile:  # the preprocess, main and postprocess kernels of one backward
+                        tag = " ".join(f"{k}={v}" for k, v in base.items())
+                        common.print_kernel_times(mine, tag, reps=10)
+                        common.print_kernel_times(peer, tag + " backend=cudnn", reps=10)
                     del q, k, v, peer, mine
                     torch.cuda.empty_cache()
 

@@ -58,16 +58,6 @@ def cudnn_on_bshd(q, kc, vc):
     return cudnn
 
 
-def print_profile(batch, keys, name, fn, ms):
-    """fn's kernels (CUDA time per call) against its do_bench time ms."""
-    rows = common.kernel_times(fn, reps=20)
-    busy = sum(t for _, t in rows)
-    print(f"# profile {batch}x{keys} {name}: call {ms * 1e3:.1f} us, kernels {busy:.1f} us, "
-          f"rest {ms * 1e3 - busy:.1f} us", flush=True)
-    for kname, t in rows:
-        print(f"# profile {batch}x{keys} {name}:   {t:8.1f} us  {kname[:100]}", flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--splits", default="0,1,2,3,4,6,8,11,12,16,17,22,24,32,33,44,48,64,66")
@@ -89,7 +79,7 @@ def main():
         rows.append((batch, keys, "cudnn", "", base * 1e3, nbytes / base / 1e9, 1.0))
         print(f"{batch}\t{keys}\tcudnn\t\t{base * 1e3:.1f}\t{nbytes / base / 1e9:.2f}\t1.00", flush=True)
         if a.profile:
-            print_profile(batch, keys, "cudnn", cudnn, base)
+            common.print_kernel_times(cudnn, f"{batch}x{keys} cudnn", base * 1e3)
         if a.cudnn_bshd:
             strided = cudnn_on_bshd(q, kc, vc)
             err = (strided().transpose(1, 2).float() - ref).abs().max().item()
@@ -114,7 +104,7 @@ def main():
             if a.env:
                 os.environ.pop(a.env)
             if a.profile and s == splits[0]:
-                print_profile(batch, keys, f"ours splits={s}", ours, ms)
+                common.print_kernel_times(ours, f"{batch}x{keys} ours splits={s}", ms * 1e3)
         q = kc = vc = None
         torch.cuda.empty_cache()
     if a.csv:
