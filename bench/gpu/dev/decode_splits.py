@@ -33,29 +33,27 @@ SHAPES = ((1, 65536), (8, 16384), (32, 8192), (128, 4096), (64, 32768))
 HQ, HKV, D = 32, 8, 128
 
 
-def decode_case(batch, keys):
-    """One decode shape: the K+V bytes, q (B, 1, Hq, D) and the caches (B, keys, Hkv, D) in bf16, and cuDNN's
-    SDPA on head-major copies of the caches (the layout it reads fastest)."""
-    nbytes = 2 * batch * keys * HKV * D * 2
-    q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(batch, keys, HKV, D, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
-
-    def cudnn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
-    return nbytes, q, kc, vc, cudnn
-
-
-def cudnn_on_bshd(q, kc, vc):
-    """cuDNN's SDPA on transposed views of the (B, keys, H, D) caches themselves (no head-major copies)."""
+def cudnn_decode(q, kc, vc, head_major=True):
+    """cuDNN's SDPA on q and the (B, keys, H, D) caches: on head-major copies of them (the layout it reads fastest)
+    or, head_major=False, on transposed views of the caches themselves."""
     qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+    if head_major:
+        kt, vt = kt.contiguous(), vt.contiguous()
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
     return cudnn
+
+
+def decode_case(batch, keys):
+    """One decode shape: the K+V bytes, q (B, 1, Hq, D) and the caches (B, keys, Hkv, D) in bf16, and cuDNN's
+    SDPA on head-major copies of the caches."""
+    nbytes = 2 * batch * keys * HKV * D * 2
+    q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(batch, keys, HKV, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    return nbytes, q, kc, vc, cudnn_decode(q, kc, vc)
 
 
 def main():
@@ -81,7 +79,7 @@ def main():
         if a.profile:
             common.print_kernel_times(cudnn, f"{batch}x{keys} cudnn", base * 1e3)
         if a.cudnn_bshd:
-            strided = cudnn_on_bshd(q, kc, vc)
+            strided = cudnn_decode(q, kc, vc, head_major=False)
             err = (strided().transpose(1, 2).float() - ref).abs().max().item()
             ms = do_bench(strided, warmup=25, rep=200, return_mode="median")
             rows.append((batch, keys, "cudnn_bshd", "", ms * 1e3, nbytes / ms / 1e9, base / ms))
