@@ -33,6 +33,10 @@ struct BwdParams : FwdParams {
   // dq_blocks = rows_q / block_q + batch + 1 tiles per head cover every sequence. dq_splits > 1 only when
   // deterministic: split s is owned by one CTA per (head, batch) that visits key blocks s, s + splits, ... in
   // order and adds without atomics; the splits are summed in order afterwards (FA2's deterministic scheme).
+  // dq_order (dq_ordered, the sm90 deterministic mode): one int per dQ tile (as dq_acc's tiles, without splits),
+  // zeroed by the preprocess: how many key blocks have added into the tile so far. The CTA of key block n adds its
+  // part of a tile once the higher key blocks that meet the tile have (last_key_block in bwd_common.cuh), then
+  // counts itself, so the fp32 sums are formed in one order on every run.
   // dk_acc/dv_acc: per query head dK/dV for GQA (null when heads_q == heads_kv), reduced over each group in a
   // fixed order afterwards.
   float* dsum = nullptr;
@@ -44,6 +48,8 @@ struct BwdParams : FwdParams {
   int64_t dq_blocks = 0;
   int64_t dq_tile = 0;
   bool deterministic = false;
+  bool dq_ordered = false;
+  int* dq_order = nullptr;
   float* dsinks = nullptr;  // the sinks' gradient (sink_grad.cu), optional
 };
 
@@ -55,14 +61,16 @@ cudaError_t launch_sink_grad(const BwdParams& params, cudaStream_t stream);
 constexpr int64_t kWorkspaceAlign = 64;
 inline int64_t workspace_round(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 struct BwdWorkspace {
-  int64_t dsum = 0, dq_acc = 0, dk_acc = 0, dv_acc = 0;
-  int64_t total() const { return dsum + dq_acc + dk_acc + dv_acc; }
+  int64_t dsum = 0, dq_acc = 0, dq_order = 0, dk_acc = 0, dv_acc = 0;  // dq_order: 4-byte ints, counted as floats
+  int64_t total() const { return dsum + dq_acc + dq_order + dk_acc + dv_acc; }
 };
 inline int64_t dsum_stride(int64_t rows_q) { return (rows_q + 3) / 4 * 4; }
 inline BwdWorkspace bwd_workspace(const BwdParams& p) {
   BwdWorkspace w;
   w.dsum = workspace_round(int64_t(p.heads_q) * p.dsum_stride);
   w.dq_acc = workspace_round(int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile);
+  static_assert(sizeof(int) == sizeof(float));
+  if (p.dq_ordered) w.dq_order = workspace_round(int64_t(p.heads_q) * p.dq_blocks);
   if (p.group > 1) {
     w.dk_acc = workspace_round(int64_t(p.heads_q) * p.rows_k * p.head_dim);
     w.dv_acc = workspace_round(int64_t(p.heads_q) * p.rows_k * p.head_dim_v);

@@ -319,6 +319,7 @@ void bwd_geometry(const detail::Problem& p, BwdPlan& b) {
   geometry.rows_k = rows_k;
   geometry.dsum_stride = dsum_stride(rows_q);
   geometry.dq_splits = b.dq_splits;
+  geometry.dq_ordered = b.dq_ordered;
   geometry.dq_blocks = b.dq_blocks;
   geometry.dq_tile = b.dq_tile;
   b.workspace_bytes = bwd_workspace(geometry).total() * int64_t(sizeof(float));
@@ -326,16 +327,14 @@ void bwd_geometry(const detail::Problem& p, BwdPlan& b) {
 
 #ifdef FLASHATTN_WITH_SM90
 // Why the sm90 backward cannot take the problem, or "" when it can. Softcap / ALiBi (the tanh derivative and the
-// bias need their own instantiation) and deterministic mode (the bulk reduce-adds of dQ come in any order) run the
-// sm80 backward for now.
-std::string sm90_bwd_unfit(const detail::Problem& p, const fa_exec& exec, Instance* instance) {
+// bias need their own instantiation) run the sm80 backward for now.
+std::string sm90_bwd_unfit(const detail::Problem& p, Instance* instance) {
   *instance = sm90::find_bwd(p.dtype, max_head_dim(p), p.dropout.on);
   if (!instance->found())
     return "q: the cuda-sm90 backend has no backward kernel for this dtype with head_dim " +
            std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) +
            (p.dropout.on ? " and dropout" : "") + " in this build";
   if (needs_score_mods(p)) return "softcap: the cuda-sm90 backward has no softcap/ALiBi kernels yet";
-  if (exec.deterministic) return "exec.deterministic: the cuda-sm90 backward has no deterministic mode yet";
   if (std::string unfit = sm90_tma_unfit(p); !unfit.empty()) return unfit;
   if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
     return "q: the cuda-sm90 backward supports at most 65535 heads and batch entries";
@@ -352,7 +351,7 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
 #ifdef FLASHATTN_WITH_SM90
   if (selected == Family::kSm90) {
     Instance instance;
-    const std::string unfit = sm90_bwd_unfit(p, exec, &instance);
+    const std::string unfit = sm90_bwd_unfit(p, &instance);
     if (unfit.empty()) {
       const sm90::BwdTiles tiles = sm90::bwd_tiles(instance.head_dim);
       b.family = Family::kSm90;
@@ -362,6 +361,7 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
       b.block_q = tiles.block_q;
       b.block_k = tiles.block_k;
       b.dq_splits = 1;
+      b.dq_ordered = b.deterministic;
       bwd_geometry(p, b);
       return detail::ok();
     }

@@ -87,6 +87,7 @@ struct BwdPlan {
   int head_dim = 0;
   Variant variant;
   bool deterministic = false;  // dQ in ordered splits instead of atomics
+  bool dq_ordered = false;     // sm90 deterministic: each dQ tile's adds in descending key-block order
   int block_q = 0, block_k = 0;
   int dq_splits = 1;
   int64_t dq_blocks = 0, dq_tile = 0;  // dQ accumulator geometry (sm80/bwd_params.hpp)

@@ -159,12 +159,12 @@ void run_backward_case(const Case& c) {
   ASSERT_EQ(fa_backward(&gp, &exec), FA_OK) << fa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   // The kernels that ran, as the plan names them: cuda-sm90 takes fp16/bf16 at every head dim up to 256 (above 128
-  // the head-dim-split mainloop), with or without dropout, without softcap, ALiBi or deterministic mode (plan.cpp);
-  // everything else is the sm80 backward.
+  // the head-dim-split mainloop), with or without dropout or deterministic mode, without softcap or ALiBi
+  // (plan.cpp); everything else is the sm80 backward.
   fa_plan_info plan{};
   ASSERT_EQ(fa_backward_plan(&gp, &exec, &plan), FA_OK) << fa_last_error();
-  const bool sm90_takes = c.backend == FA_BACKEND_CUDA_SM90 && std::max(c.d, dim_v) <= 256 && c.softcap == 0.f &&
-                          c.alibi == Alibi::kNone && !c.deterministic;
+  const bool sm90_takes =
+      c.backend == FA_BACKEND_CUDA_SM90 && std::max(c.d, dim_v) <= 256 && c.softcap == 0.f && c.alibi == Alibi::kNone;
   EXPECT_STREQ(plan.kernels, sm90_takes ? "cuda-sm90" : "cuda-sm80");
   const std::vector<uint16_t> got_q = dq.download(), got_k = dk.download(), got_v = dv.download();
   const std::vector<float> got_dsinks = c.sinks ? ddsinks.download() : std::vector<float>{};
@@ -292,6 +292,19 @@ std::vector<Case> backward_cases() {
     Case w; w.sq = 255, w.sk = 256, w.d = w.dv = 128; w.causal = true;
     w.name = "d128_causal_deterministic"; w.deterministic = true; add(w);
     w.name = "d256_window_softcap_deterministic"; w.d = w.dv = 256; w.causal = false; w.wl = 40, w.wr = 7; w.softcap = 4.f; add(w);
+    // Many key blocks adding into each dQ tile in turn (sm90: ordered behind the tile's counter, highest key block
+    // first). A right window edge or causal mask makes a query block's last key block depend on the block
+    // (last_key_block), in both causal alignments; causal with more queries than keys leaves the first query blocks
+    // without any, and the window's left edge leaves the lowest key blocks out of the later ones.
+    Case o; o.sq = 600, o.sk = 900, o.d = o.dv = 64; o.hq = 4, o.hkv = 2; o.deterministic = true;
+    o.name = "multiblock_gqa_deterministic"; add(o);
+    o.name = "multiblock_causal_more_keys_deterministic"; o.sq = 500, o.sk = 900; o.causal = true; add(o);
+    o.name = "multiblock_causal_more_queries_deterministic"; o.sq = 900, o.sk = 500; add(o);
+    Case ow; ow.d = ow.dv = 128; ow.lens_q = {300, 517}; ow.lens_k = {700, 260}; ow.wl = 150, ow.wr = 30; ow.deterministic = true;
+    ow.name = "varlen_multiblock_window_d128_deterministic"; add(ow);
+    ow.name = "varlen_multiblock_window_seqused_k_deterministic"; ow.seqused_k = {650, 200}; add(ow);
+    ow.name = "varlen_multiblock_window_d256_deterministic"; ow.d = ow.dv = 256; ow.seqused_k = {}; add(ow);
+    o.name = "multiblock_causal_d256_deterministic"; o.d = o.dv = 256; o.sq = 300, o.sk = 400; add(o);
   }
   return v;
 }
@@ -373,6 +386,9 @@ std::vector<Case> backward_sanitizer_cases() {
   g.name = "bwd_gqa_deterministic"; v.push_back(g);
   Case vg; vg.lens_q = {3, 70, 130}; vg.lens_k = {40, 9, 150}; vg.hq = 4, vg.hkv = 2; vg.wl = 10, vg.wr = 4;
   vg.name = "bwd_varlen_window_gqa_d64"; v.push_back(vg);
+  vg.name = "bwd_varlen_window_gqa_d64_deterministic"; vg.deterministic = true; v.push_back(vg);
+  Case dd; dd.sq = 130, dd.sk = 150, dd.d = dd.dv = 256; dd.causal = true; dd.deterministic = true;
+  dd.name = "bwd_d256_causal_multiblock_deterministic"; v.push_back(dd);
   Case c; c.d = c.dv = 72; c.lens_q = {3, 70}; c.lens_k = {40, 9}; c.wl = 10, c.wr = 4; c.alibi = Alibi::kHeads; c.softcap = 2.f;
   c.name = "bwd_varlen_window_alibi_softcap_d72"; v.push_back(c);
   return v;

@@ -49,6 +49,16 @@ __device__ inline RowRange query_rows(const WindowMask& m, const SeqInfo& s, int
   return {lo, max(lo, hi)};
 }
 
+// The last key block whose CTA walks query block m (rows [m0, m0 + block_m) of s): the forward's block range of the
+// block's rows read as query_rows' inverse (its lo < the last row's end), so both name the same key blocks. Those
+// are consecutive, since query_rows' bounds never decrease from one key block to the next; the sm90 deterministic
+// mode adds a dQ tile in descending key-block order, the CTA of key block n (last_key_block - n)-th. The rows are
+// the block's real ones: past len_q a key block's rows can be empty although the row bound says it meets the block.
+template <class Mask>
+__device__ inline int last_key_block(const Mask& mask, const SeqInfo& s, int m0, int block_m, int block_n) {
+  return mask.blocks(m0, min(block_m, s.len_q - m0), block_n).hi - 1;
+}
+
 // ------------------------------------------------------------------------------------------- pre/postprocess
 template <fa_dtype>
 struct Native;
@@ -77,8 +87,9 @@ __device__ inline int64_t global_row_offset(bool varlen, int64_t g, int64_t seql
 
 // D = rowsum(dO * O) in fp32 for every (query head, global row), kPreRowThreads threads per row reading 16-byte
 // vectors; the same threads zero the fp32 dQ workspace (dq_floats of it), as FA2 does, instead of a memset
-// behind the kernel. One warp per row with 4-byte loads, plus the memset, took 170 us where FA2 takes 73 at
-// d64 and 16k tokens (H200, bench/results/2026-11-30_sm80_tiles/run5_profile_bwd.txt).
+// behind the kernel, and the dQ tiles' order counters where there are any (dq_order). One warp per row with 4-byte
+// loads, plus the memset, took 170 us where FA2 takes 73 at d64 and 16k tokens (H200,
+// bench/results/2026-11-30_sm80_tiles/run5_profile_bwd.txt).
 constexpr int kPreRowThreads = 8;
 template <fa_dtype kDtype>
 __global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams p, int64_t dq_floats) {
@@ -90,6 +101,8 @@ __global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams
   float4* dq4 = reinterpret_cast<float4*>(p.dq_acc);  // 16-byte aligned workspace section
   for (int64_t i = t; i < dq_floats / 4; i += threads) dq4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (t < dq_floats % 4) p.dq_acc[dq_floats / 4 * 4 + t] = 0.f;
+  if (p.dq_order != nullptr)
+    for (int64_t i = t; i < int64_t(p.heads_q) * p.dq_blocks; i += threads) p.dq_order[i] = 0;
 
   const int64_t w = t / kPreRowThreads;
   const int sub = int(t % kPreRowThreads);

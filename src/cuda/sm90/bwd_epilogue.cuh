@@ -69,6 +69,9 @@ struct BwdEpilogue {
 // waits for kDqFull, issues, and after the step's group it tells both warpgroups (kDqEmpty) that the staging
 // tiles of the step kDqStages - 1 back have been read: the tiles their next step writes. Arrivals and waits
 // alternate on each barrier (a warpgroup's next kDqFull comes only after its kDqEmpty), so none overruns.
+// Deterministic mode (dq_order): before a tile's adds it waits for its turn among the key blocks that meet the tile
+// (descending, last_key_block), and after them for their completion before it counts itself. The kernel launches
+// higher key blocks first in this mode (bwd_kernel.cuh), so every CTA waited for is resident or done.
 template <class Traits>
 struct BwdDqWriter {
   static constexpr int kBlockM = Traits::kBlockM, kConsumerWGs = Traits::kConsumerWGs;
@@ -78,7 +81,14 @@ struct BwdDqWriter {
   __device__ static void run(const BwdParams& p, typename Traits::SharedStorage& ss, const Block& blk) {
     const bool leader = cute::elect_one_sync();
     float* dq_base = dq_workspace_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
+    int* order =
+        p.dq_order == nullptr ? nullptr : p.dq_order + dq_tile_index(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
+      if (order != nullptr) {
+        const int turn = last_key_block(blk.mask, blk.seq, m * kBlockM, kBlockM, Traits::kBlockN) - blk.n_block;
+        if (leader) wait_for_turn(order + m, turn);
+        __syncwarp();  // converged for the aligned barriers below
+      }
       CUTE_UNROLL
       for (int wg = 0; wg < kConsumerWGs; ++wg) {
         cutlass::arch::NamedBarrier::sync(kSyncThreads, BwdBarrier::kDqFull + wg);
@@ -89,7 +99,10 @@ struct BwdDqWriter {
       }
       if (leader) {
         tma_store_arrive();
-        tma_store_wait<Traits::kDqStages - 1>();
+        if (order != nullptr)
+          end_turn(order + m);
+        else
+          tma_store_wait<Traits::kDqStages - 1>();
       }
       __syncwarp();
       if (m + 1 < blk.m_hi) {

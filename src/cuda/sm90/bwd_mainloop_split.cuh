@@ -87,6 +87,9 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
     [[maybe_unused]] BwdDropoutMask<kRows, kCols> drop;  // as in BwdMainloop: the next step's drawn during dQ
     if constexpr (kDropout) drop.draw(p, cS_rc, bh, n0, blk.m_lo * kBlockM, lane);
     float* dq_tiles = dq_workspace_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM) + wg * Traits::kDqWgFloats;
+    // Deterministic mode: each tile's adds in key-block order, as BwdDqWriter orders them (bwd_epilogue.cuh).
+    int* order =
+        p.dq_order == nullptr ? nullptr : p.dq_order + dq_tile_index(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
 
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       const int m0 = m * kBlockM;
@@ -158,10 +161,22 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
 
       // (dQ issued first, its reductions under dV and dK, spilled 56-72 bytes: ptxas sm_90a d256.)
       float* dq = dq_tiles + int64_t(m) * p.dq_tile;
+      // Deterministic: thread 0 waits for the tile's turn, every consumer thread adds, and after a barrier thread 0
+      // counts the block (the release covers the other threads' reductions, which the barrier ordered before it,
+      // as in CUTLASS's GenericBarrier). kPReady's participants are the same 256 threads, and every thread passes its
+      // syncs in the same order, so the barrier id is shared.
+      if (order != nullptr) {
+        if (ctid == 0) wait_for_count(order + m, last_key_block(blk.mask, blk.seq, m0, kBlockM, kBlockN) - blk.n_block);
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kPReady);
+      }
       static_assert(decltype(size(acc_dq))::value % 4 == 0);
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); i += 4)
         red_add_f32x4(dq + (i / 4 * kWgThreads + tid) * 4, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      if (order != nullptr) {
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kPReady);
+        if (ctid == 0) count_one(order + m);
+      }
     }
   }
 };

@@ -186,11 +186,38 @@ enum BwdBarrier : int {
 static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16,
               "named barrier ids");
 
-// The first of a (query head, sequence)'s dQ tiles in the fp32 workspace (bwd_params.hpp: dq_blocks tiles of dq_tile
-// floats per head, each sequence starting on a tile of its own); tile m of the sequence follows at m * dq_tile.
+// The index of a (query head, sequence)'s first dQ tile (bwd_params.hpp: dq_blocks tiles per head, each sequence
+// starting on a tile of its own); tile m of the sequence follows at index + m. Its floats start at index * dq_tile
+// of dq_acc, its order counter (dq_ordered) at index of dq_order.
+__device__ __forceinline__ int64_t dq_tile_index(const BwdParams& p, int head, int batch, int64_t q_row0, int block_q) {
+  return int64_t(head) * p.dq_blocks + (q_row0 + int64_t(batch) * block_q) / block_q;
+}
 __device__ __forceinline__ float* dq_workspace_tiles(const BwdParams& p, int head, int batch, int64_t q_row0,
                                                      int block_q) {
-  return p.dq_acc + (int64_t(head) * p.dq_blocks + (q_row0 + int64_t(batch) * block_q) / block_q) * p.dq_tile;
+  return p.dq_acc + dq_tile_index(p, head, batch, q_row0, block_q) * p.dq_tile;
+}
+
+// The ordered dQ adds (dq_ordered): a tile's counter says how many key blocks have added into it. wait_for_count
+// (acquire) and count_one (release) order generic-proxy adds (red.global); wait_for_turn and end_turn the dQ
+// writer's bulk reduce-adds, which run in the async proxy: the proxy fences order them after the acquire and, once
+// complete, before the release.
+__device__ __forceinline__ void wait_for_count(const int* counter, int count) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen != count);
+}
+__device__ __forceinline__ void count_one(int* counter) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+__device__ __forceinline__ void wait_for_turn(const int* counter, int count) {
+  wait_for_count(counter, count);
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void end_turn(int* counter) {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the writes done, not only the reads (.read)
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  count_one(counter);
 }
 
 // fp32 bulk reduce-add of `bytes` (a multiple of 16) from shared to global memory, in the calling thread's bulk
