@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
+#include "cuda/common/bwd_common.cuh"
 #include "cuda/common/fwd_policies.cuh"
 
 namespace {
@@ -16,6 +18,7 @@ using flashattn::cuda::BlockRange;
 using flashattn::cuda::ColRange;
 using flashattn::cuda::FwdParams;
 using flashattn::cuda::KeyLengthMask;
+using flashattn::cuda::QueryBlocks;
 using flashattn::cuda::SeqInfo;
 using flashattn::cuda::WindowMask;
 
@@ -119,6 +122,60 @@ TEST(MaskPolicy, WindowMatchesTheSemanticsKeyByKey) {
             }
           }
         }
+}
+
+// The backward's block arithmetic (common/bwd_common.cuh), which the sm90 deterministic mode's turns rest on: the
+// key blocks whose CTAs walk a query block (query_blocks, read from the key side) are consecutive, and the last of
+// them is last_key_block (read from the query side). A turn past the last visitor never comes (the kernel hangs);
+// one short of it reorders the sum. Every visited query block exists, and every key block that a row of a query
+// block sees walks it (the backward drops no gradient).
+template <class Mask>
+void check_backward_blocks(const Mask& mask, const SeqInfo& s, const std::string& what) {
+  for (const int block_m : {64, 128}) {
+    for (const int block_n : {64, 80, 128}) {
+      const int m_blocks = (s.len_q + block_m - 1) / block_m;
+      std::vector<std::vector<int>> visitors(m_blocks);
+      for (int n = 0; n * block_n < s.len_k + 2 * block_n; ++n) {  // key blocks past len_k must walk nothing
+        const QueryBlocks q = query_blocks(mask, s, n * block_n, block_n, block_m);
+        for (int m = q.lo; m < q.hi; ++m) {
+          ASSERT_LT(m, m_blocks) << what << " key block " << n << " walks a query block past the sequence";
+          visitors[m].push_back(n);
+        }
+      }
+      for (int m = 0; m < m_blocks; ++m) {
+        const std::string at = what + " block_m " + std::to_string(block_m) + " block_n " + std::to_string(block_n) +
+                               " query block " + std::to_string(m);
+        const int rows = std::min(block_m, s.len_q - m * block_m);
+        const BlockRange seen = mask.blocks(m * block_m, rows, block_n);
+        if (visitors[m].empty()) {
+          ASSERT_GE(seen.lo, seen.hi) << at << ": no key block walks it, but its rows see keys";
+          continue;
+        }
+        const std::vector<int>& v = visitors[m];
+        ASSERT_EQ(v.back() - v.front() + 1, int(v.size())) << at << ": its key blocks are not consecutive";
+        ASSERT_EQ(flashattn::cuda::last_key_block(mask, s, m * block_m, block_m, block_n), v.back()) << at;
+        ASSERT_EQ(seen.lo, v.front()) << at;  // the forward's block range of the rows names the same key blocks
+      }
+    }
+  }
+}
+
+TEST(MaskPolicy, BackwardKeyBlocksPerQueryBlockAreConsecutiveUpToLastKeyBlock) {
+  const int windows[][2] = {{-1, 0}, {0, 0}, {3, 5}, {100, -1}, {-1, 40}, {64, 0}, {200, 130}, {150, 30}};
+  for (const int len_q : {1, 17, 64, 239, 1000})
+    for (const int len_k : {1, 17, 64, 239, 1024}) {
+      const FwdParams p = problem(len_q, len_k);
+      check_backward_blocks(KeyLengthMask(p, SeqInfo(p, 0)), SeqInfo(p, 0),
+                            "q " + std::to_string(len_q) + " k " + std::to_string(len_k));
+      for (const bool bottom_right : {false, true})
+        for (const auto& w : windows) {
+          const FwdParams pw = window_problem(len_q, len_k, bottom_right, w[0], w[1]);
+          check_backward_blocks(WindowMask(pw, SeqInfo(pw, 0)), SeqInfo(pw, 0),
+                                "q " + std::to_string(len_q) + " k " + std::to_string(len_k) + " window (" +
+                                    std::to_string(w[0]) + ", " + std::to_string(w[1]) + ") bottom_right " +
+                                    std::to_string(bottom_right));
+        }
+    }
 }
 
 }  // namespace

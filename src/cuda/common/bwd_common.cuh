@@ -35,18 +35,30 @@ struct BwdSeq : SeqInfo {
 struct RowRange {
   int lo, hi;  // query rows [lo, hi)
 };
-// Query rows that see at least one key of [n0, n0 + block_n) (block skipping of the backward's loop).
-__device__ inline RowRange query_rows(const KeyLengthMask& m, const SeqInfo& s, int n0, int /*block_n*/) {
+// Query rows that see at least one key of [n0, n0 + block_n) (block skipping of the backward's loop). Host and
+// device: tests/gpu/mask_policy_test.cu checks the block arithmetic below on the host.
+__host__ __device__ inline RowRange query_rows(const KeyLengthMask& m, const SeqInfo& s, int n0, int /*block_n*/) {
   return n0 < m.len_k ? RowRange{0, s.len_q} : RowRange{0, 0};
 }
 // The mask rule read the other way: the rows i whose keys [i + off - left, i + off + right] meet the block.
-__device__ inline RowRange query_rows(const WindowMask& m, const SeqInfo& s, int n0, int block_n) {
+__host__ __device__ inline RowRange query_rows(const WindowMask& m, const SeqInfo& s, int n0, int block_n) {
   const detail::MaskRule<int>& r = m.rule;
   if (n0 >= r.len_k) return {0, 0};
   const int last_key = min(n0 + block_n, r.len_k) - 1;
   const int lo = r.right >= 0 ? max(0, n0 - r.diag_off - r.right) : 0;
   const int hi = r.left >= 0 ? min(s.len_q, last_key - r.diag_off + r.left + 1) : s.len_q;
   return {lo, max(lo, hi)};
+}
+// The query blocks of block_m rows that the CTA of the key block at n0 walks: those holding a row of query_rows
+// (none when it is empty).
+struct QueryBlocks {
+  int lo, hi;  // query blocks [lo, hi)
+};
+template <class Mask>
+__host__ __device__ inline QueryBlocks query_blocks(const Mask& m, const SeqInfo& s, int n0, int block_n, int block_m) {
+  const RowRange rows = query_rows(m, s, n0, block_n);
+  const int lo = rows.lo / block_m;
+  return {lo, rows.hi > rows.lo ? (rows.hi + block_m - 1) / block_m : lo};
 }
 
 // The last key block whose CTA walks query block m (rows [m0, m0 + block_m) of s): the forward's block range of the
@@ -55,7 +67,7 @@ __device__ inline RowRange query_rows(const WindowMask& m, const SeqInfo& s, int
 // mode adds a dQ tile in descending key-block order, the CTA of key block n (last_key_block - n)-th. The rows are
 // the block's real ones: past len_q a key block's rows can be empty although the row bound says it meets the block.
 template <class Mask>
-__device__ inline int last_key_block(const Mask& mask, const SeqInfo& s, int m0, int block_m, int block_n) {
+__host__ __device__ inline int last_key_block(const Mask& mask, const SeqInfo& s, int m0, int block_m, int block_n) {
   return mask.blocks(m0, min(block_m, s.len_q - m0), block_n).hi - 1;
 }
 

@@ -16,9 +16,9 @@ struct BwdBlock {
   int n0, m_lo, m_hi;
   __device__ BwdBlock(const BwdParams& p, int n_block_, int head_, int batch_)
       : n_block(n_block_), head(head_), batch(batch_), seq(p, batch_), mask(p, seq), n0(n_block_ * Traits::kBlockN) {
-    const RowRange rows = query_rows(mask, seq, n0, Traits::kBlockN);
-    m_lo = rows.lo / Traits::kBlockM;
-    m_hi = rows.hi > rows.lo ? (rows.hi + Traits::kBlockM - 1) / Traits::kBlockM : m_lo;
+    const QueryBlocks blocks = query_blocks(mask, seq, n0, Traits::kBlockN, Traits::kBlockM);
+    m_lo = blocks.lo;
+    m_hi = blocks.hi;
   }
   __device__ bool empty() const { return m_hi <= m_lo; }
 };
