@@ -78,13 +78,22 @@ def main():
         print(f"{batch}\t{keys}\tcudnn\t\t{base * 1e3:.1f}\t{nbytes / base / 1e9:.2f}\t1.00", flush=True)
         if a.profile:
             common.print_kernel_times(cudnn, f"{batch}x{keys} cudnn", base * 1e3)
-        if a.cudnn_bshd:
-            strided = cudnn_decode(q, kc, vc, head_major=False)
-            err = (strided().transpose(1, 2).float() - ref).abs().max().item()
-            ms = do_bench(strided, warmup=25, rep=200, return_mode="median")
-            rows.append((batch, keys, "cudnn_bshd", "", ms * 1e3, nbytes / ms / 1e9, base / ms))
-            print(f"{batch}\t{keys}\tcudnn_bshd\t\t{ms * 1e3:.1f}\t{nbytes / ms / 1e9:.2f}\t{base / ms:.3f}"
+
+        def measure(name, count, fn, heads_first=False):
+            """One row beside cuDNN: fn's largest difference to cuDNN's output (NaN if not finite; heads_first: fn
+            returns (B, H, 1, D) as SDPA does) and its time."""
+            out = fn().float()
+            if heads_first:
+                out = out.transpose(1, 2)
+            err = (out - ref).abs().max().item() if bool(torch.isfinite(out).all()) else float("nan")
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            rows.append((batch, keys, name, count, ms * 1e3, nbytes / ms / 1e9, base / ms))
+            print(f"{batch}\t{keys}\t{name}\t{count}\t{ms * 1e3:.1f}\t{nbytes / ms / 1e9:.2f}\t{base / ms:.3f}"
                   f"\t{'' if err < 1e-2 else f'maxdiff {err:.2e}'}", flush=True)
+            return ms
+
+        if a.cudnn_bshd:
+            measure("cudnn_bshd", "", cudnn_decode(q, kc, vc, head_major=False), heads_first=True)
         lens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
         for s in splits:
             def ours():
@@ -92,13 +101,7 @@ def main():
             for val in order:
                 if a.env:
                     os.environ[a.env] = val
-                name = "ours" if val is None else f"ours:{val or 'default'}"
-                out = ours().float()
-                err = (out - ref).abs().max().item() if bool(torch.isfinite(out).all()) else float("nan")
-                ms = do_bench(ours, warmup=25, rep=200, return_mode="median")
-                rows.append((batch, keys, name, s, ms * 1e3, nbytes / ms / 1e9, base / ms))
-                print(f"{batch}\t{keys}\t{name}\t{s}\t{ms * 1e3:.1f}\t{nbytes / ms / 1e9:.2f}\t{base / ms:.3f}"
-                      f"\t{'' if err < 1e-2 else f'maxdiff {err:.2e}'}", flush=True)
+                ms = measure("ours" if val is None else f"ours:{val or 'default'}", s, ours)
             if a.env:
                 os.environ.pop(a.env)
             if a.profile and s == splits[0]:

@@ -81,12 +81,10 @@ struct BwdDqWriter {
   __device__ static void run(const BwdParams& p, typename Traits::SharedStorage& ss, const Block& blk) {
     const bool leader = cute::elect_one_sync();
     float* dq_base = dq_workspace_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
-    int* order =
-        p.dq_order == nullptr ? nullptr : p.dq_order + dq_tile_index(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
+    int* order = dq_order_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       if (order != nullptr) {
-        const int turn = last_key_block(blk.mask, blk.seq, m * kBlockM, kBlockM, Traits::kBlockN) - blk.n_block;
-        if (leader) wait_for_turn(order + m, turn);
+        if (leader) wait_for_turn(order + m, blk.dq_turn(m));
         __syncwarp();  // converged for the aligned barriers below
       }
       CUTE_UNROLL

@@ -21,6 +21,10 @@ struct BwdBlock {
     m_hi = blocks.hi;
   }
   __device__ bool empty() const { return m_hi <= m_lo; }
+  // Deterministic mode: how many key blocks add into query block m before this one (descending, last_key_block).
+  __device__ int dq_turn(int m) const {
+    return last_key_block(mask, seq, m * Traits::kBlockM, Traits::kBlockM, Traits::kBlockN) - n_block;
+  }
 };
 
 template <class Traits, class Mask>

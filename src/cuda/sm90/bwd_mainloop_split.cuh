@@ -88,8 +88,7 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
     if constexpr (kDropout) drop.draw(p, cS_rc, bh, n0, blk.m_lo * kBlockM, lane);
     float* dq_tiles = dq_workspace_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM) + wg * Traits::kDqWgFloats;
     // Deterministic mode: each tile's adds in key-block order, as BwdDqWriter orders them (bwd_epilogue.cuh).
-    int* order =
-        p.dq_order == nullptr ? nullptr : p.dq_order + dq_tile_index(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
+    int* order = dq_order_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
 
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       const int m0 = m * kBlockM;
@@ -166,7 +165,7 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
       // as in CUTLASS's GenericBarrier). kPReady's participants are the same 256 threads, and every thread passes its
       // syncs in the same order, so the barrier id is shared.
       if (order != nullptr) {
-        if (ctid == 0) wait_for_count(order + m, last_key_block(blk.mask, blk.seq, m0, kBlockM, kBlockN) - blk.n_block);
+        if (ctid == 0) wait_for_count(order + m, blk.dq_turn(m));
         cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kPReady);
       }
       static_assert(decltype(size(acc_dq))::value % 4 == 0);

@@ -196,6 +196,10 @@ __device__ __forceinline__ float* dq_workspace_tiles(const BwdParams& p, int hea
                                                      int block_q) {
   return p.dq_acc + dq_tile_index(p, head, batch, q_row0, block_q) * p.dq_tile;
 }
+// Their order counters in deterministic mode (dq_ordered), null otherwise.
+__device__ __forceinline__ int* dq_order_tiles(const BwdParams& p, int head, int batch, int64_t q_row0, int block_q) {
+  return p.dq_order == nullptr ? nullptr : p.dq_order + dq_tile_index(p, head, batch, q_row0, block_q);
+}
 
 // The ordered dQ adds (dq_ordered): a tile's counter says how many key blocks have added into it. wait_for_count
 // (acquire) and count_one (release) order generic-proxy adds (red.global); wait_for_turn and end_turn the dQ
