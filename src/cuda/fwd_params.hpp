@@ -67,7 +67,9 @@ struct FwdParams {
 
   // Split-KV (sm90): each tile's key blocks divided into num_splits consecutive ranges, one CTA tile each; with
   // num_splits > 1 the epilogue writes normalised fp32 O and LSE partials (SplitPartials) instead of out/lse, and
-  // a combine kernel merges them.
+  // a combine kernel merges them. At most kMaxKvSplits (the combine keeps each lane's kMaxKvSplits / 32 weights in
+  // registers).
+  static constexpr int kMaxKvSplits = 128;
   int num_splits = 1;
   float* lse_partial = nullptr;  // [split][head][row]
   float* o_partial = nullptr;    // [split][head][row][head_dim_v]

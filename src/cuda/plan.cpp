@@ -131,7 +131,7 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
 // tile's key blocks are divided among `splits` CTAs whose partial O and LSE a combine kernel merges. Every split
 // keeps at least kMinSplitBlocks key blocks, so that the partials' fp32 traffic stays small against the K/V a
 // split reads. `requested`: exec.num_splits (0: decide here; n: at most n).
-constexpr int kMaxSplits = 128;
+constexpr int kMaxSplits = FwdParams::kMaxKvSplits;
 constexpr int64_t kMinSplitBlocks = 4;
 int kv_splits(const detail::Problem& p, const FwdPlan& f, int requested, int sms) {
   if (requested == 1 || f.tiles == 0) return 1;

@@ -11,6 +11,8 @@ every call (e.g. FLASHATTN_SM90_MECHANISMS=no_idle_skip; an empty value: the def
 then reversed, so that two kernels compare in one process.
 --cudnn-bshd: cuDNN also on the caches' own (B, keys, H, D) layout (strided views, the layout we read), as the row
 "cudnn_bshd", to separate what the head-major copies give cuDNN from what its kernel does.
+--ours-head-major: ours also on head-major copies of the caches, viewed as (B, keys, H, D) (rows 256 bytes apart
+instead of 2 KB), as the row "ours_hm": what the caches' layout costs our TMA loads.
 --profile: each kernel's CUDA time per call of ours (the plan's count, or the first of --splits) and of cuDNN
 (torch.profiler), printed as "# profile" lines beside the call's do_bench time: the rest is launch gaps.
 """
@@ -64,6 +66,7 @@ def main():
     ap.add_argument("--values", default="", help="with --env: comma-separated; an empty item sets it to ''")
     ap.add_argument("--cudnn-bshd", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ours-head-major", action="store_true")
     a = ap.parse_args()
     splits = [int(s) for s in a.splits.split(",")]
     values = a.values.split(",") if a.env else [None]
@@ -106,6 +109,11 @@ def main():
                 os.environ.pop(a.env)
             if a.profile and s == splits[0]:
                 common.print_kernel_times(ours, f"{batch}x{keys} ours splits={s}", ms * 1e3)
+            if a.ours_head_major:
+                kh, vh = (c.transpose(1, 2).contiguous().transpose(1, 2) for c in (kc, vc))
+                measure("ours_hm", s, lambda: flashattn.flash_attn_with_kvcache(q, kh, vh, cache_seqlens=lens,
+                                                                                num_splits=s))
+                kh = vh = None
         q = kc = vc = None
         torch.cuda.empty_cache()
     if a.csv:

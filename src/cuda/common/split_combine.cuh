@@ -16,53 +16,94 @@
 namespace flashattn::cuda {
 
 constexpr int kCombineThreads = 128;  // 4 warps, one (head, row) each
+constexpr int kCombineWarps = kCombineThreads / 32;
+constexpr int kCombineBatch = 8;  // partial rows a lane loads before it adds any: independent loads in flight
+constexpr int kCombineChunks = FwdParams::kMaxKvSplits / 32;  // a lane keeps split 32 c + lane's weight in w[c]
 
+// One warp per (head, row). The lanes read the splits' LSEs once (split 32 c + lane into the lane's w[c]), form L
+// and turn them into weights in place; then each lane adds 4 columns of every split, in split order, the weights
+// broadcast by shuffles, kCombineBatch splits' 16-byte loads issued before their adds. The first version reloaded
+// each split's LSE beside its O, one split at a time: 7.0 us for 16 splits of 32 rows at d128 where cuDNN's
+// reduction takes 2.9 (H200, bench/results/2026-12-03_h200_session23/, decode 1 x 64k). The weights stay in
+// registers, not shared memory: a combine that declares shared memory made each decode call's time beyond its
+// kernels 14 -> 96 us at 1 x 64k (bench/results/2026-12-03_h200_session24/, presumably the SM's shared-memory
+// carveout switched between the forward, which takes nearly all of it, and the combine).
 template <class Element>
 __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const FwdParams p) {
+  constexpr unsigned kAll = 0xffffffffu;
   const int lane = int(threadIdx.x) % 32;
-  const int64_t item = (int64_t(blockIdx.x) * kCombineThreads + threadIdx.x) / 32;  // head * rows + row
-  if (item >= int64_t(p.heads_q) * p.partial_rows) return;
+  const int64_t item = int64_t(blockIdx.x) * kCombineWarps + int(threadIdx.x) / 32;  // head * rows + row
+  if (item >= int64_t(p.heads_q) * p.partial_rows) return;  // the whole warp: the shuffles below see every lane
   const int64_t head = item / p.partial_rows, row = item % p.partial_rows;
   const int64_t split_stride = int64_t(p.heads_q) * p.partial_rows;
-  const float* lse_s = p.lse_partial + item;
+  const int splits = p.num_splits;
 
-  const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
-  float m = sink;
-  for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, lse_s[s * split_stride]);
-  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   using Rule = detail::LseMerge;
+  const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
+  float w[kCombineChunks];
+  float m = sink;
+#pragma unroll
+  for (int c = 0; c < kCombineChunks; ++c) {
+    const int s = 32 * c + lane;
+    w[c] = s < splits ? p.lse_partial[s * split_stride + item] : -INFINITY;
+    m = fmaxf(m, w[c]);
+  }
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(kAll, m, o));
   float sum = 0.f;
-  for (int s = lane; s < p.num_splits; s += 32) sum += Rule::term(lse_s[s * split_stride], m);
+#pragma unroll
+  for (int c = 0; c < kCombineChunks; ++c)
+    if (32 * c + lane < splits) sum += Rule::term(w[c], m);
   if (lane == 0 && sink != -INFINITY) sum += Rule::term(sink, m);
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(kAll, sum, o);
   const float lse = Rule::lse_of(m, sum);
+  // Absent splits weigh 0 whatever lse is (a NaN lse must not make them load).
+#pragma unroll
+  for (int c = 0; c < kCombineChunks; ++c) w[c] = 32 * c + lane < splits ? Rule::weight(w[c], lse) : 0.f;
 
   // Where (head, row) lives in out and lse: varlen rows are global token indices, batched rows b * Sq + i.
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t b = varlen ? 0 : row / p.seqlen_q, i = varlen ? row : row % p.seqlen_q;
   if (p.lse != nullptr && lane == 0) p.lse[b * p.lse_batch + i * p.lse_row + head * p.lse_head] = lse;
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch + i * p.o_row + head * p.o_head;
-  for (int col = lane * 4; col < p.head_dim_v; col += 32 * 4) {  // head_dim_v is a multiple of 8
+  const float* o_item = p.o_partial + item * p.head_dim_v;
+  // Every lane runs every column round (the shuffles), past head_dim_v predicated; head_dim_v is a multiple of 8.
+  for (int col0 = 0; col0 < p.head_dim_v; col0 += 32 * 4) {
+    const int col = col0 + lane * 4;
+    const bool in = col < p.head_dim_v;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float w = Rule::weight(lse_s[s * split_stride], lse);
-      if (w == 0.f) continue;  // an empty split's O is 0, but 0 * a stale value must not be read
-      const float4 o = *reinterpret_cast<const float4*>(p.o_partial + (s * split_stride + item) * p.head_dim_v + col);
-      acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
+#pragma unroll
+    for (int c = 0; c < kCombineChunks; ++c) {
+      if (32 * c >= splits) break;
+      for (int j0 = 0; j0 < 32 && 32 * c + j0 < splits; j0 += kCombineBatch) {
+        float4 o[kCombineBatch];
+        float ws[kCombineBatch];
+#pragma unroll
+        for (int j = 0; j < kCombineBatch; ++j) {
+          ws[j] = __shfl_sync(kAll, w[c], j0 + j);
+          // An empty split's O is 0, but 0 * a stale value must not be read: weight 0 loads nothing.
+          const int64_t s = 32 * c + j0 + j;
+          o[j] = in && ws[j] != 0.f ? *reinterpret_cast<const float4*>(o_item + s * split_stride * p.head_dim_v + col)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < kCombineBatch; ++j)
+          acc.x += ws[j] * o[j].x, acc.y += ws[j] * o[j].y, acc.z += ws[j] * o[j].z, acc.w += ws[j] * o[j].w;
+      }
     }
-    out[col + 0] = Element(acc.x);
-    out[col + 1] = Element(acc.y);
-    out[col + 2] = Element(acc.z);
-    out[col + 3] = Element(acc.w);
+    if (in) {
+      out[col + 0] = Element(acc.x);
+      out[col + 1] = Element(acc.y);
+      out[col + 2] = Element(acc.z);
+      out[col + 3] = Element(acc.w);
+    }
   }
 }
 
 template <class Element>
 cudaError_t launch_split_combine(const FwdParams& p, cudaStream_t stream) {
-  constexpr int kItemsPerBlock = kCombineThreads / 32;
   const int64_t items = int64_t(p.heads_q) * p.partial_rows;
-  const int64_t blocks = (items + kItemsPerBlock - 1) / kItemsPerBlock;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const int64_t blocks = (items + kCombineWarps - 1) / kCombineWarps;
+  if (blocks > 0x7fffffff || p.num_splits > FwdParams::kMaxKvSplits) return cudaErrorInvalidConfiguration;
   split_combine_kernel<Element><<<unsigned(blocks), kCombineThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
