@@ -151,6 +151,11 @@ int kv_splits(const detail::Problem& p, const FwdPlan& f, int requested, int sms
 // The tile table's entry of a call (sm90/tiles.hpp): packed GQA and dropout take the windowed one whatever the
 // mask; sequences up to fwd_short_seqlen (the longer of the query and key lengths) the short one.
 sm90::FwdEntry sm90_entry(const detail::Problem& p, const FwdPlan& f, int head_dim) {
+  // Packed tiles whose rows fit one warpgroup (decode: a few query positions of a group) take the decode entry:
+  // one consumer warpgroup, two CTAs per SM. Not with softcap (no such instantiation: build time).
+  if (f.pack_gqa && !p.fp8() && sm90::decode_entry_exists(head_dim) && !f.variant.score_mods &&
+      p.seqlen_q * p.group() <= sm90::kWarpgroupRows)
+    return sm90::FwdEntry::kDecode;
   if (f.pack_gqa || p.dropout.on) return sm90::FwdEntry::kWindowed;
   int64_t short_seqlen = sm90::fwd_short_seqlen(head_dim, f.windowed, p.fp8());
 #ifdef FLASHATTN_SM90_ABLATIONS
@@ -188,8 +193,10 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // Under causal/window tile lengths differ: a global counter hands out tiles longest first. Without a window
   // every tile costs the same and the static round-robin needs no counter (sm90/fwd_kernel.cuh TileScheduler).
   f.schedule = f.windowed ? Schedule::kPersistentDynamic : Schedule::kPersistentStatic;
-  f.num_splits = kv_splits(p, f, exec.num_splits, dev.sms);
-  f.grid = int(std::min<int64_t>(f.tiles * f.num_splits, dev.sms));  // one CTA per SM (most of shared memory)
+  // CTA slots: one per SM (most of shared memory), t.ctas_per_sm for the decode tiles.
+  const int slots = dev.sms * t.ctas_per_sm;
+  f.num_splits = kv_splits(p, f, exec.num_splits, slots);
+  f.grid = int(std::min<int64_t>(f.tiles * f.num_splits, slots));
   // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
   const int64_t elem = int64_t(flashattn::dtype_size(p.dtype));
   const int64_t kv_bytes = std::max<int64_t>(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * elem;

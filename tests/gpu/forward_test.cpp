@@ -360,6 +360,13 @@ std::vector<Case> forward_cases() {
     e.name = "packed_d192_dv128_causal"; e.d = 192, e.dv = 128; e.causal = true; add(e);
     Case a; a.sq = 9, a.sk = 64, a.hq = 8, a.hkv = 2, a.d = a.dv = 128; a.alibi = Alibi::kHeads;
     a.name = "gqa_short_alibi_unpacked"; add(a);
+    // d128 packed rows up to 64 take the decode tiles (one consumer warpgroup, two CTAs per SM; tiles.hpp), 68 rows
+    // the windowed ones. More decode tiles than the 264 CTA slots: persistent CTAs walk several.
+    Case m; m.sq = 17, m.sk = 500, m.hq = 8, m.hkv = 2, m.d = m.dv = 128; m.causal = true;
+    m.name = "packed_68_rows_windowed_tiles"; add(m);
+    Case t; t.batch = 40, t.sq = 1, t.sk = 333, t.hq = 32, t.hkv = 8, t.d = t.dv = 128;
+    t.name = "packed_decode_many_tiles"; add(t);
+    t.name = "packed_decode_many_tiles_d64_causal"; t.d = t.dv = 64; t.causal = true; add(t);
   }
   {  // split-KV (cuda-sm90; a hint the sm80 kernels ignore): key blocks of each tile split over CTAs, partials
      // merged by the combine kernel. Uneven shares, splits left without blocks (window, seqused_k, more splits
@@ -754,6 +761,29 @@ TEST(ForwardDropout, Sm90TileShapeReported) {
   static_assert(kD128.block_k != flashattn::cuda::sm90::fwd_tiles(128, FwdEntry::kWide).block_k);
   EXPECT_EQ(bq, kD128.block_q());
   EXPECT_EQ(bk, kD128.block_k);
+}
+
+// GQA decode: packed rows up to 64 (query positions x group) take the decode entry, more the windowed one.
+TEST(Sm80Validation, Sm90DecodeTileShapeReported) {
+  SKIP_WITHOUT_GPU();
+  using flashattn::cuda::sm90::fwd_tiles;
+  using flashattn::cuda::sm90::FwdEntry;
+  static_assert(fwd_tiles(128, FwdEntry::kDecode).block_q() != fwd_tiles(128, FwdEntry::kWindowed).block_q());
+  SmallCall call;
+  constexpr int64_t kRegion = 17 * 8 * 128;  // the largest q below; separate memory per tensor (validate.cpp)
+  DeviceBuffer<uint16_t> big(size_t(4 * kRegion));
+  for (const int64_t positions : {int64_t(1), int64_t(16), int64_t(17)}) {  // x group 4: 4, 64 and 68 rows
+    int64_t sq[4] = {1, positions, 8, 128}, skv[4] = {1, 4, 2, 128};
+    call.p.attn.q = fa_make_tensor(big.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
+    call.p.attn.k = fa_make_tensor(big.ptr + kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, skv);
+    call.p.attn.v = fa_make_tensor(big.ptr + 2 * kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, skv);
+    call.p.out = fa_make_tensor(big.ptr + 3 * kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
+    int bq = 0, bk = 0;
+    if (!sm90_tile_shape(call, &bq, &bk)) GTEST_SKIP() << fa_last_error();
+    const auto want = fwd_tiles(128, positions * 4 <= 64 ? FwdEntry::kDecode : FwdEntry::kWindowed);
+    EXPECT_EQ(bq, want.block_q()) << positions << " positions";
+    EXPECT_EQ(bk, want.block_k) << positions << " positions";
+  }
 }
 
 // d64 causal: 16 rows take the short entry (two warpgroups), rows past fwd_short_seqlen the windowed one (three).

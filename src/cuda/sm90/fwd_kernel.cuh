@@ -25,7 +25,8 @@ namespace flashattn::cuda::sm90 {
 // instantiation: the row gathers and per-row addresses cost registers the plain kernels do not have to spare (d64 and
 // 176-key d128 spilled with packing decided at run time).
 template <class Traits, class Opts>
-__global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> kp) {
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
+    fwd_kernel(const __grid_constant__ KernelParams<Traits> kp) {
   using Pipeline = typename Traits::Pipeline;
   using Load = FwdLoad<Traits, Opts>;
   using Mainloop = FwdMainloop<Traits, Opts>;

@@ -96,6 +96,12 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
       e != cudaSuccess)
     return e;
+  // Tiles of several CTAs per SM need the whole carveout for shared memory to be resident together.
+  if constexpr (Traits::kCtasPerSm > 1)
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             int(cudaSharedmemCarveoutMaxShared));
+        e != cudaSuccess)
+      return e;
   // The ablation variant without persistence runs one CTA per tile whatever the plan says.
   const bool persistent = Traits::Mech::kPersistent && plan.schedule != Schedule::kPerTile;
   const int grid = persistent ? plan.grid : int(plan.tiles * plan.num_splits);
@@ -119,7 +125,13 @@ cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cu
   using Unpacked = FwdVariantOf<kScoreMods, kDropout, false>;
   constexpr bool kFp8 = Windowed::kFp8;  // no packed FP8 kernel (plan.cpp)
   if constexpr (!kFp8 && !kDropout) {
-    if (plan.pack_gqa) return launch_kernel<Windowed, FwdVariantOf<kScoreMods, false, true>>(p, plan, counter, stream);
+    using Packed = FwdVariantOf<kScoreMods, false, true>;
+    if constexpr (!kScoreMods &&
+                  !same_tiles(fwd_tiles(kHeadDim, FwdEntry::kDecode), fwd_tiles(kHeadDim, FwdEntry::kWindowed))) {
+      if (plan.pack_gqa && plan.tiles_entry == FwdEntry::kDecode)
+        return launch_kernel<FwdTraits<Element, kHeadDim, FwdEntry::kDecode, Mech>, Packed>(p, plan, counter, stream);
+    }
+    if (plan.pack_gqa) return launch_kernel<Windowed, Packed>(p, plan, counter, stream);
   }
   if constexpr (!kDropout) {
     constexpr FwdTiles kWindowedTiles = fwd_tiles(kHeadDim, FwdEntry::kWindowed, kFp8);

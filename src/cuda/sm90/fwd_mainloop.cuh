@@ -58,11 +58,11 @@ struct DropoutProbs {
 
 // Ping-pong between the consumer warpgroups: warpgroup w issues its GEMMs after warpgroup w-1 did (cyclically);
 // the last one lets the first start. Every wait has a matching arrive: the first warpgroup consumes the final one
-// after its last tile (drain).
+// after its last tile (drain). A single consumer warpgroup (the decode tiles) has no one to alternate with.
 template <class Traits>
 struct PingPong {
   static constexpr int kWGs = Traits::kConsumerWGs, kWgThreads = Traits::kWgThreads;
-  static constexpr bool kOn = Traits::Mech::kPingpong;
+  static constexpr bool kOn = Traits::Mech::kPingpong && kWGs > 1;
   int wg;
   __device__ void prime() const {
     if constexpr (kOn)

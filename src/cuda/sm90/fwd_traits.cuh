@@ -162,7 +162,9 @@ struct FwdTraits {
   // producer gives back are all the consumers get: the CTA launches with 168 per thread (two consumer
   // warpgroups), and 240 for them leaves exactly 24 for the producer (with 32 the consumers' setmaxnreg waited
   // forever).
-  static constexpr int kRegisterFile = 64 * 1024;
+  // With kCtasPerSm CTAs resident on an SM each has its share of the file.
+  static constexpr int kCtasPerSm = kTiles.ctas_per_sm;
+  static constexpr int kRegisterFile = 64 * 1024 / kCtasPerSm;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegsRaw = (kRegisterFile / kWgThreads - kProducerRegs) / kConsumerWGs / 8 * 8;
   static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
@@ -215,6 +217,8 @@ struct FwdTraits {
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile table entry does not fit shared memory");
+  // The SM's 228 KiB hold kCtasPerSm CTAs, each with 1 KiB the driver reserves.
+  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "tile table entry's CTAs do not fit one SM");
 
   // Global tensors as TMA sees them: (rows, d, heads, batch); varlen: (total rows, d, heads, 1).
   using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;

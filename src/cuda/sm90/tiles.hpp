@@ -18,6 +18,7 @@ struct FwdTiles {
   int consumer_warpgroups;  // block_q = 64 * consumer_warpgroups
   int block_k;              // keys per main-loop step (wgmma N of Q.K^T, K of P.V: a multiple of 16)
   int stages;               // K and V pipeline depth (each stage holds one K and one V tile)
+  int ctas_per_sm = 1;      // resident CTAs an SM holds (registers and shared memory are divided among them)
   constexpr int block_q() const { return kWarpgroupRows * consumer_warpgroups; }
 };
 
@@ -27,6 +28,7 @@ enum class FwdEntry : uint8_t {
   kWide,      // no window, sequences longer than fwd_short_seqlen
   kWindowed,  // causal / sliding window longer than fwd_short_seqlen; packed GQA and dropout under every mask
   kShort,     // sequences up to fwd_short_seqlen (not packed, no dropout)
+  kDecode,    // packed GQA tiles of at most 64 rows (query positions x group), 16-bit, head dims up to 128
 };
 
 // `head_dim` is the compiled head dim. Registers decide first: a consumer thread holds 64 * head_dim / 128 fp32
@@ -56,8 +58,16 @@ enum class FwdEntry : uint8_t {
 // serialise the wgmmas and spill 144 bytes). 128 keys elsewhere: d256 keeps 128 O + 64 S + 16 P registers, and its
 // two stages (2 x 2 x 32 KiB) fit beside Q (32 KiB) and a bfloat16 O tile of its own (64 KiB). FP8 has no short
 // entry of its own (fwd_short_seqlen is 0): its kShort is the windowed one.
+// Decode (kDecode): a packed tile of one query position holds `group` rows (4 for GQA 32/8), so a second consumer
+// warpgroup has no rows at all. One warpgroup and two CTAs per SM instead: each CTA is its own K/V stream with its
+// own producer, as cuDNN's decode kernel runs two CTAs of 4 warps per SM (ncu,
+// bench/results/2026-12-03_h200_session24/README.md). Two stages of 64 keys keep the bytes in flight per SM as they
+// were: 2 x (16 KiB Q + 64 KiB K/V + 16 KiB O) fits twice in the SM's 228 KiB. d128 only so far (the head dim the
+// decode benchmarks and the device runs have covered); other head dims' kDecode is their windowed entry, which
+// the plan then does not pick (decode_entry_exists).
 constexpr FwdTiles fwd_tiles(int head_dim, FwdEntry entry, bool fp8 = false) {
   const bool wide = entry == FwdEntry::kWide;
+  if (entry == FwdEntry::kDecode && !fp8 && head_dim == 128) return {1, 64, 2, 2};
   if (fp8) return {head_dim <= 64 ? 3 : 2, head_dim > 64 && head_dim <= 128 && wide ? 192 : 128, 2};
   if (head_dim <= 64) return {entry == FwdEntry::kShort ? 2 : 3, 128, 2};
   if (head_dim <= 128) return {2, wide ? 176 : 128, 2};
@@ -65,8 +75,12 @@ constexpr FwdTiles fwd_tiles(int head_dim, FwdEntry entry, bool fp8 = false) {
 }
 
 constexpr bool same_tiles(const FwdTiles& a, const FwdTiles& b) {
-  return a.consumer_warpgroups == b.consumer_warpgroups && a.block_k == b.block_k && a.stages == b.stages;
+  return a.consumer_warpgroups == b.consumer_warpgroups && a.block_k == b.block_k && a.stages == b.stages &&
+         a.ctas_per_sm == b.ctas_per_sm;
 }
+
+// Whether kDecode has tiles of its own at this compiled head dim (16-bit).
+constexpr bool decode_entry_exists(int head_dim) { return fwd_tiles(head_dim, FwdEntry::kDecode).ctas_per_sm > 1; }
 
 // The longest sequence (the longer of the query and key lengths) that takes kShort; 0: none (the measurements above).
 constexpr int64_t fwd_short_seqlen(int head_dim, bool windowed, bool fp8) {
