@@ -578,6 +578,14 @@ struct SmallCall {
     p.attn.v = fa_make_tensor(base + 16384, dt, FA_DEVICE_CUDA, 4, s);
     p.out = fa_make_tensor(base + 24576, dt, FA_DEVICE_CUDA, 4, s);
   }
+  // q, k, v and out of other shapes, bf16, in `base`'s four regions of `region` elements (separate memory per
+  // tensor: validate.cpp refuses overlaps).
+  void place(uint16_t* base, int64_t region, int64_t (&q)[4], int64_t (&kv)[4]) {
+    p.attn.q = fa_make_tensor(base, FA_BFLOAT16, FA_DEVICE_CUDA, 4, q);
+    p.attn.k = fa_make_tensor(base + region, FA_BFLOAT16, FA_DEVICE_CUDA, 4, kv);
+    p.attn.v = fa_make_tensor(base + 2 * region, FA_BFLOAT16, FA_DEVICE_CUDA, 4, kv);
+    p.out = fa_make_tensor(base + 3 * region, FA_BFLOAT16, FA_DEVICE_CUDA, 4, q);
+  }
 };
 
 TEST(Sm80Validation, Float32IsUnsupported) {
@@ -719,15 +727,11 @@ TEST(Sm80Validation, TileShapeReported) {
   namespace sm80 = flashattn::cuda::sm80;
   static_assert(sm80::compact_for_short_keys(256), "the d256 unmasked tile depends on the key length");
   call.p.attn.causal = 0;
-  // Separate memory per tensor: an output overlapping an input is refused (validate.cpp).
   constexpr int64_t kRegion = (sm80::kShortKeys + 1) * 256;
   DeviceBuffer<uint16_t> big(size_t(4 * kRegion));
   for (const int64_t keys : {int64_t(sm80::kShortKeys), int64_t(sm80::kShortKeys) + 1}) {
     int64_t sq[4] = {1, 16, 1, 256}, sk[4] = {1, keys, 1, 256};
-    call.p.attn.q = fa_make_tensor(big.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
-    call.p.attn.k = fa_make_tensor(big.ptr + kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sk);
-    call.p.attn.v = fa_make_tensor(big.ptr + 2 * kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sk);
-    call.p.out = fa_make_tensor(big.ptr + 3 * kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
+    call.place(big.ptr, kRegion, sq, sk);
     int bq = 0, bk = 0;
     fa_forward_tile_shape(&call.p, &exec, &bq, &bk);
     const sm80::FwdTiles want = sm80::fwd_tiles(256, keys <= sm80::kShortKeys);
@@ -770,14 +774,11 @@ TEST(Sm80Validation, Sm90DecodeTileShapeReported) {
   using flashattn::cuda::sm90::FwdEntry;
   static_assert(fwd_tiles(128, FwdEntry::kDecode).block_q() != fwd_tiles(128, FwdEntry::kWindowed).block_q());
   SmallCall call;
-  constexpr int64_t kRegion = 17 * 8 * 128;  // the largest q below; separate memory per tensor (validate.cpp)
+  constexpr int64_t kRegion = 17 * 8 * 128;  // the largest q below
   DeviceBuffer<uint16_t> big(size_t(4 * kRegion));
   for (const int64_t positions : {int64_t(1), int64_t(16), int64_t(17)}) {  // x group 4: 4, 64 and 68 rows
     int64_t sq[4] = {1, positions, 8, 128}, skv[4] = {1, 4, 2, 128};
-    call.p.attn.q = fa_make_tensor(big.ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
-    call.p.attn.k = fa_make_tensor(big.ptr + kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, skv);
-    call.p.attn.v = fa_make_tensor(big.ptr + 2 * kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, skv);
-    call.p.out = fa_make_tensor(big.ptr + 3 * kRegion, FA_BFLOAT16, FA_DEVICE_CUDA, 4, sq);
+    call.place(big.ptr, kRegion, sq, skv);
     int bq = 0, bk = 0;
     if (!sm90_tile_shape(call, &bq, &bk)) GTEST_SKIP() << fa_last_error();
     const auto want = fwd_tiles(128, positions * 4 <= 64 ? FwdEntry::kDecode : FwdEntry::kWindowed);
@@ -801,11 +802,9 @@ TEST(Sm80Validation, Sm90TileShapeReported) {
   EXPECT_EQ(bk, fwd_tiles(64, FwdEntry::kShort).block_k);
   const int64_t rows = flashattn::cuda::sm90::fwd_short_seqlen(64, true, false) + 1;
   int64_t d64_long[4] = {1, rows, 2, 64};
-  const int64_t region = rows * 2 * 64;  // separate memory per tensor (validate.cpp refuses overlaps)
+  const int64_t region = rows * 2 * 64;
   DeviceBuffer<uint16_t> big(size_t(4 * region));
-  int i = 0;
-  for (fa_tensor* t : {&call.p.attn.q, &call.p.attn.k, &call.p.attn.v, &call.p.out})
-    *t = fa_make_tensor(big.ptr + region * i++, FA_BFLOAT16, FA_DEVICE_CUDA, 4, d64_long);
+  call.place(big.ptr, region, d64_long, d64_long);
   ASSERT_TRUE(sm90_tile_shape(call, &bq, &bk)) << fa_last_error();
   EXPECT_EQ(bq, fwd_tiles(64, FwdEntry::kWindowed).block_q());
   EXPECT_EQ(bk, fwd_tiles(64, FwdEntry::kWindowed).block_k);
