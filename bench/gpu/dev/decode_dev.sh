@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
-# Split-KV counts for decode on the GPU machine: the small build of sm90_bwd_loop.sh (ci kernels, sm90 d128 only,
-# the Python package; no tests), then decode_splits.py (DEV_SPLITS: the counts to sweep).
+# The decode path's loop on the GPU machine, in one call: the small build of sm90_bwd_loop.sh (ci kernels, sm90
+# DEV_HDIMS (default d128), the Python package), the decode GPU cases (packed GQA, split-KV and its combine, sinks,
+# paged, the tile-shape tests), compute-sanitizer memcheck and racecheck on the packed, split and paged decode cases,
+# then decode_splits.py --profile (the plan's split count and DEV_SPLITS, beside cuDNN; kernel times per call) and
+# paged_decode.py (DEV_PAGES, default 256,16,1: each paged output bit for bit against the contiguous one).
 # usage: bench/gpu/dev/decode_dev.sh OUTDIR
 set -uo pipefail
 OUT=$1
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 export DEV_BWD_WORK=${DEV_BWD_WORK:-/tmp/dev-decode} DEV_HDIMS=${DEV_HDIMS:-128}
-DEV_BWD_SANITIZE=0 DEV_BWD_BENCH=0 DEV_GTEST_S=5 bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT" 'NoTest.None' |
-  grep -v "^gtest rc"
-PYTHONPATH=$DEV_BWD_WORK/pyroot timeout 240 python3 "$REPO/bench/gpu/dev/decode_splits.py" --csv "$OUT/decode_splits.csv" \
-  ${DEV_SPLITS:+--splits "$DEV_SPLITS"} 2>&1 | tee "$OUT/decode_splits.log" | tail -120
+cases='Sm90/Forward.*packed*:Sm90/Forward.*split*:Sm90/Forward.*sinks*:GpuMerge.*:Paged*:*TileShape*'
+DEV_BWD_SANITIZE=0 DEV_BWD_BENCH=0 DEV_GTEST_S=${DEV_GTEST_S:-150} bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT" \
+  "$cases:-*fp16*"
+BIN=$(find "$DEV_BWD_WORK/build" -name 'flashattn_gpu_tests' -type f | head -1)
+for tool in memcheck racecheck; do
+  timeout "${DEV_SAN_S:-90}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" \
+    --gtest_filter='Sm90/Forward.*packed_decode*:Sm90/Forward.*split_decode*:PagedSanitizer*:-*fp16*' \
+    >"$OUT/san_$tool.log" 2>&1
+  echo "sanitizer $tool rc $?"; grep -E "ERROR SUMMARY|Hazard|Invalid|PASSED|FAILED" "$OUT/san_$tool.log" | head -5
+done
+PYTHONPATH=$DEV_BWD_WORK/pyroot timeout 150 python3 "$REPO/bench/gpu/dev/decode_splits.py" --profile \
+  --splits "0${DEV_SPLITS:+,$DEV_SPLITS}" --csv "$OUT/decode_splits.csv" >"$OUT/decode_splits.log" 2>&1
+echo "decode_splits rc $?"; grep -v -i warn "$OUT/decode_splits.log" | tail -60
+PYTHONPATH=$DEV_BWD_WORK/pyroot timeout 150 python3 "$REPO/bench/gpu/dev/paged_decode.py" --csv "$OUT/paged_decode.csv" \
+  --pages "${DEV_PAGES:-256,16,1}" >"$OUT/paged_decode.log" 2>&1
+echo "paged_decode rc $?"; tail -30 "$OUT/paged_decode.log"
