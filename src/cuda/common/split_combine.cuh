@@ -17,13 +17,14 @@ namespace flashattn::cuda {
 
 constexpr int kCombineThreads = 128;  // 4 warps, one (head, row) each
 constexpr int kCombineWarps = kCombineThreads / 32;
-constexpr int kCombineBatch = 8;  // partial rows a lane loads before it adds any: independent loads in flight
+constexpr int kCombineBatch = 8;                              // splits a lane's loop takes at a time
 constexpr int kCombineChunks = FwdParams::kMaxKvSplits / 32;  // a lane keeps split 32 c + lane's weight in w[c]
 
 // One warp per (head, row). The lanes read the splits' LSEs once (split 32 c + lane into the lane's w[c]), form L
 // and turn them into weights in place; then each lane adds 4 columns of every split, in split order, the weights
-// broadcast by shuffles, kCombineBatch splits' 16-byte loads issued before their adds. The first version reloaded
-// each split's LSE beside its O, one split at a time: 7.0 us for 16 splits of 32 rows at d128 where cuDNN's
+// broadcast by shuffles, kCombineBatch splits at a time. Each 16-byte load is predicated on its split's shuffled
+// weight, and sm_90a's SASS keeps at most two of a batch's loads in flight. The first version reloaded each split's
+// LSE beside its O, one split at a time: 7.0 us for 16 splits of 32 rows at d128 where cuDNN's
 // reduction takes 2.9 (H200, bench/results/2026-12-03_h200_session23/, decode 1 x 64k). The weights stay in
 // registers, not shared memory: a combine that declares shared memory made each decode call's time beyond its
 // kernels 14 -> 96 us at 1 x 64k (bench/results/2026-12-03_h200_session24/, presumably the SM's shared-memory
