@@ -28,7 +28,7 @@ enum class FwdEntry : uint8_t {
   kWide,      // no window, sequences longer than fwd_short_seqlen
   kWindowed,  // causal / sliding window longer than fwd_short_seqlen; packed GQA and dropout under every mask
   kShort,     // sequences up to fwd_short_seqlen (not packed, no dropout)
-  kDecode,    // packed GQA tiles of at most 64 rows (query positions x group), 16-bit, head dims up to 128
+  kDecode,    // packed GQA tiles of at most 64 rows (query positions x group), 16-bit (decode_entry_exists)
 };
 
 // `head_dim` is the compiled head dim. Registers decide first: a consumer thread holds 64 * head_dim / 128 fp32
