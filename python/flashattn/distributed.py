@@ -340,7 +340,7 @@ def _ring_call(q, k, v, group, causal, window, softmax_scale, softcap, layout, d
     scale = softmax_scale
     if scale is None and q.shape[-1] % 8 != 0:
         scale = q.shape[-1] ** -0.5
-    q, k, v = (_pad_head_dim(t) for t in (q, k, v))
+    q, k, v = (_pad_head_dim(t, name) for t, name in ((q, "q"), (k, "k"), (v, "v")))
     out, lse = _RingAttention.apply(q, k, v, group, bool(causal), window, None if scale is None else float(scale),
                                     float(softcap), layout, bool(deterministic), cu_seqlens)
     return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]), lse

@@ -238,10 +238,16 @@ def _kernel_layout(t: Tensor) -> Tensor:
     return t
 
 
-def _pad_head_dim(t: Tensor) -> Tensor:
+_MAX_HEAD_DIM = 256  # the core's limit (src/core/validate.cpp), of the padded head dim
+
+
+def _pad_head_dim(t: Tensor, name: str) -> Tensor:
     # Head dims that are not a multiple of 8 are zero-padded to the next one, as flash_attn does: zero columns
-    # change neither q.k nor the first dv columns of P.V, and autograd slices the padding off the gradients.
+    # change neither q.k nor the first dv columns of P.V, and autograd slices the padding off the gradients. A head
+    # dim that pads past the limit is refused here, by its own size (the core would name the padded one).
     extra = -t.shape[-1] % 8
+    if extra and t.shape[-1] + extra > _MAX_HEAD_DIM:
+        _fail(name, f"head_dim must be at most {_MAX_HEAD_DIM} (got {t.shape[-1]})")
     return t if extra == 0 else torch.nn.functional.pad(t, (0, extra))
 
 
@@ -283,7 +289,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if softmax_scale is None and head_dim % 8 != 0:
         softmax_scale = head_dim ** -0.5  # the scale of the real head dim, not of the padded one
-    q, k, v = (_kernel_layout(_pad_head_dim(t)) for t in (q, k, v))
+    q, k, v = (_kernel_layout(_pad_head_dim(t, name)) for t, name in ((q, "q"), (k, "k"), (v, "v")))
     options = AttnOptions(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                           max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
                           softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
@@ -314,6 +320,36 @@ def _result(out, lse, return_attn_probs, probs=None):
 def _fail(argument: str, rule: str):
     """A named error of the Python layer ("argument: rule", the core's form)."""
     raise ValueError(f"{argument}: {rule}")
+
+
+def _check_input(name: str, t, dims: int, layout: str, condition: str = "") -> None:
+    """A tensor argument, before any of its shape or dtype is read: a non-tensor or a 0-d tensor would otherwise
+    fail inside Python's indexing with no argument named. `condition`: when the layout applies ("with ...")."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: must be a torch.Tensor (got {type(t).__name__})")
+    if t.dim() != dims:
+        _fail(name, f"{condition + ' ' if condition else ''}must be a {dims}-D tensor {layout} (got {t.dim()}-D)")
+
+
+def _check_qkv(q, k, v, varlen: bool, paged: bool = False) -> None:
+    condition = ""
+    if varlen:
+        _check_input("q", q, 3, "(total_q, heads, head_dim)")
+        kv_dims, kv_layout = (4, "(num_pages, page_size, heads_kv, {})") if paged else (3, "(total_k, heads_kv, {})")
+        condition = "with block_table" if paged else ""
+    else:
+        _check_input("q", q, 4, "(batch, seqlen_q, heads, head_dim)")
+        kv_dims, kv_layout = 4, "(batch, seqlen_k, heads_kv, {})"
+    _check_input("k", k, kv_dims, kv_layout.format("head_dim"), condition)
+    _check_input("v", v, kv_dims, kv_layout.format("head_dim_v"), condition)
+
+
+def _unpacked(name: str, t, dims: int, axis: int, count: int, layout: str) -> Tuple[Tensor, ...]:
+    """The views of a packed kv / qkv argument (no copy), after its layout is checked."""
+    _check_input(name, t, dims, layout)
+    if t.shape[axis] != count:
+        _fail(name, f"must be {layout}: dimension {axis} must have size {count} (got {t.shape[axis]})")
+    return t.unbind(axis)
 
 
 def _fp8_bytes(t: Tensor) -> Tensor:
@@ -429,6 +465,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     dequantisation factors ``q_descale`` (B, Hkv) or (B, Hq), ``k_descale``, ``v_descale`` (B, Hkv) of
     FlashAttention-3's flash_attn_func (flashattn.quantize_fp8 makes them); forward only, out bfloat16.
     """
+    _check_qkv(q, k, v, varlen=False)
     if q.dtype == torch.float8_e4m3fn:
         out, lse = _fp8_attention(q, k, v, None, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, causal_alignment, learnable_sink, q_descale, k_descale,
@@ -446,7 +483,8 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, soft
                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                              return_attn_probs: bool = False, *, causal_alignment: str = "bottom_right") -> Result:
     """kv (B, Sk, 2, Hkv, D): k = kv[:, :, 0], v = kv[:, :, 1] (strided views, no copy)."""
-    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+    k, v = _unpacked("kv", kv, 5, 2, 2, "(batch, seqlen_k, 2, heads_kv, head_dim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, causal_alignment=causal_alignment)
 
 
@@ -455,7 +493,8 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
                               alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                               return_attn_probs: bool = False, *, causal_alignment: str = "bottom_right") -> Result:
     """qkv (B, S, 3, H, D): q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]."""
-    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+    q, k, v = _unpacked("qkv", qkv, 5, 2, 3, "(batch, seqlen, 3, heads, head_dim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size,
                            softcap, alibi_slopes, deterministic, return_attn_probs, causal_alignment=causal_alignment)
 
 
@@ -477,6 +516,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     Not capturable in a CUDA graph: cu_seqlens (and, paged, the used page indices) are read on the host. FP8 q/k/v
     with ``q_descale`` / ``k_descale`` / ``v_descale`` (one row per sequence) as in flash_attn_func.
     """
+    _check_qkv(q, k, v, varlen=True, paged=block_table is not None)
     fp8 = q.dtype == torch.float8_e4m3fn
     if block_table is not None:
         if fp8:  # the pages' bytes
@@ -504,7 +544,8 @@ def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor,
                                     return_attn_probs: bool = False, *,
                                     causal_alignment: str = "bottom_right") -> Result:
     """kv (Tk, 2, Hkv, D)."""
-    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    k, v = _unpacked("kv", kv, 4, 1, 2, "(total_k, 2, heads_kv, head_dim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, causal_alignment=causal_alignment)
 
@@ -516,6 +557,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen
                                      return_attn_probs: bool = False, *,
                                      causal_alignment: str = "bottom_right") -> Result:
     """qkv (T, 3, H, D) with one cu_seqlens / max_seqlen for queries and keys."""
-    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+    q, k, v = _unpacked("qkv", qkv, 4, 1, 3, "(total, 3, heads, head_dim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, causal_alignment=causal_alignment)

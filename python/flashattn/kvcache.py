@@ -298,7 +298,7 @@ def flash_attn_with_kvcache(
         return (out, lse) if return_softmax_lse else out
     if softmax_scale is None and head_dim % 8 != 0:
         softmax_scale = head_dim ** -0.5  # of the real head dim (the kernels see it padded)
-    q_in, k_in, v_in = (_pad_head_dim(t) for t in (q, k_keys, v_keys))
+    q_in, k_in, v_in = (_pad_head_dim(t, name) for t, name in ((q, "q"), (k_keys, "k_cache"), (v_keys, "v_cache")))
     q_in = q_in if q_in.stride(-1) == 1 else q_in.contiguous()
     scale = None if softmax_scale is None else float(softmax_scale)
     used = used.to(torch.int32)

@@ -305,6 +305,38 @@ def test_unsupported_arguments_raise():
         flash_attn_func(big, big, big)
     with pytest.raises(ValueError, match="causal_alignment"):
         flash_attn_func(q, q, q, causal=True, causal_alignment="diagonal")
+    # A head dim padded past 256 is named by its own size, not the padded one.
+    odd = make((1, 4, 1, 257), torch.float32, "cpu", 15)
+    with pytest.raises(ValueError, match=re.escape("q: head_dim must be at most 256 (got 257)")):
+        flash_attn_func(odd, odd, odd)
+
+
+def test_malformed_tensor_arguments_are_named():
+    # Non-tensors, 0-d tensors and packed tensors of the wrong layout are refused before any shape is read
+    # (they used to fail inside Python's indexing: IndexError / AttributeError, no argument named).
+    q = make((1, 4, 2, 16), torch.float32, "cpu", 15)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    scalar = torch.tensor(1.0)
+    cases = [
+        (lambda: flash_attn_func(scalar, q, q), ValueError, "q: must be a 4-D tensor (batch, seqlen_q, heads, "
+                                                            "head_dim) (got 0-D)"),
+        (lambda: flash_attn_func(q, scalar, q), ValueError, "k: must be a 4-D tensor"),
+        (lambda: flash_attn_func(q, q, None), TypeError, "v: must be a torch.Tensor (got NoneType)"),
+        (lambda: flash_attn_func("q", q, q), TypeError, "q: must be a torch.Tensor (got str)"),
+        (lambda: flash_attn_varlen_func(scalar, q[0], q[0], cu, cu, 4, 4), ValueError,
+         "q: must be a 3-D tensor (total_q, heads, head_dim) (got 0-D)"),
+        (lambda: flash_attn_varlen_func(q[0], q, q[0], cu, cu, 4, 4), ValueError,
+         "k: must be a 3-D tensor (total_k, heads_kv, head_dim) (got 4-D)"),
+        (lambda: flash_attn_kvpacked_func(q, q.unsqueeze(2)), ValueError,
+         "kv: must be (batch, seqlen_k, 2, heads_kv, head_dim): dimension 2 must have size 2 (got 1)"),
+        (lambda: flash_attn_qkvpacked_func(q), ValueError, "qkv: must be a 5-D tensor"),
+        (lambda: flash_attn_varlen_kvpacked_func(q[0], q[0], cu, cu, 4, 4), ValueError, "kv: must be a 4-D tensor"),
+        (lambda: flash_attn_varlen_qkvpacked_func(q[0].unsqueeze(1), cu, 4), ValueError,
+         "qkv: must be (total, 3, heads, head_dim): dimension 1 must have size 3 (got 1)"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            call()
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
