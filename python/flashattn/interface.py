@@ -284,19 +284,14 @@ def _attention_probs(q: Tensor, k: Tensor, v: Tensor, o: AttnOptions) -> Tensor:
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment, learnable_sink=None,
                return_attn_probs=False):
-    left, right = window_pair(window_size)
-    top_left = causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if softmax_scale is None and head_dim % 8 != 0:
         softmax_scale = head_dim ** -0.5  # the scale of the real head dim, not of the padded one
+    options = _attn_options(q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                            softmax_scale, causal, window_size, softcap, alibi_slopes, causal_alignment,
+                            learnable_sink, deterministic)
+    options = options._replace(dropout_rng=_dropout_rng(options.dropout_p, q.device))
     q, k, v = (_kernel_layout(_pad_head_dim(t, name)) for t, name in ((q, "q"), (k, "k"), (v, "v")))
-    options = AttnOptions(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                          max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
-                          softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
-                          top_left=top_left, window_left=left, window_right=right, softcap=float(softcap),
-                          alibi_slopes=alibi_slopes, dropout_p=float(dropout_p), deterministic=bool(deterministic),
-                          sinks=None if learnable_sink is None else learnable_sink.float().contiguous(),
-                          dropout_rng=_dropout_rng(dropout_p, q.device))
     inputs = (q, k, v, *options)
     if torch.compiler.is_compiling():
         out, lse = _fwd(*inputs)
@@ -307,7 +302,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
         out, lse = _fwd_impl(*inputs)
     # S_dmask as flash_attn returns it: with dropout only, eager calls only (torch.compile traces None).
     probs = None
-    if return_attn_probs and dropout_p > 0 and not torch.compiler.is_compiling():
+    if return_attn_probs and options.dropout_p > 0 and not torch.compiler.is_compiling():
         probs = _attention_probs(q, k, v, options)
     return (out if out.shape[-1] == head_dim_v else out[..., :head_dim_v]), lse, probs
 
@@ -320,6 +315,45 @@ def _result(out, lse, return_attn_probs, probs=None):
 def _fail(argument: str, rule: str):
     """A named error of the Python layer ("argument: rule", the core's form)."""
     raise ValueError(f"{argument}: {rule}")
+
+
+def _number(name: str, x, kind):
+    """kind(x) (float or int) of a scalar argument, naming it where x is no number. Only the clearly wrong types are
+    refused: under torch.compile x may be a SymInt or SymFloat, which kind() takes."""
+    if x is None or isinstance(x, (str, bytes, list, tuple, dict, set)):
+        raise TypeError(f"{name}: must be a number (got {type(x).__name__})")
+    return kind(x)
+
+
+def _optional_tensor(name: str, t) -> None:
+    if t is not None and not isinstance(t, Tensor):
+        raise TypeError(f"{name}: must be a torch.Tensor or None (got {type(t).__name__})")
+
+
+def _attn_options(q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                  causal, window_size, softcap, alibi_slopes, causal_alignment, learnable_sink,
+                  deterministic=False) -> AttnOptions:
+    """The flash_attn arguments as the ops' AttnOptions, each checked where the core would not name it as the
+    caller did (the core calls learnable_sink "sinks")."""
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k),
+                    ("alibi_slopes", alibi_slopes), ("learnable_sink", learnable_sink)):
+        _optional_tensor(name, t)
+    if learnable_sink is not None:
+        if learnable_sink.dim() != 1 or learnable_sink.shape[0] != q.shape[-2]:
+            _fail("learnable_sink", f"must have shape ({q.shape[-2]},), a logit per query head "
+                                    f"(got {tuple(learnable_sink.shape)})")
+        if learnable_sink.device != q.device:
+            _fail("learnable_sink", f"must be on q's device ({q.device}, got {learnable_sink.device})")
+    left, right = window_pair(window_size)
+    return AttnOptions(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                       max_seqlen_q=_number("max_seqlen_q", max_seqlen_q, int),
+                       max_seqlen_k=_number("max_seqlen_k", max_seqlen_k, int),
+                       softmax_scale=None if softmax_scale is None else _number("softmax_scale", softmax_scale, float),
+                       causal=bool(causal), top_left=causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT,
+                       window_left=left, window_right=right, softcap=_number("softcap", softcap, float),
+                       alibi_slopes=alibi_slopes, dropout_p=_number("dropout_p", dropout_p, float),
+                       deterministic=bool(deterministic),
+                       sinks=None if learnable_sink is None else learnable_sink.float().contiguous())
 
 
 def _check_input(name: str, t, dims: int, layout: str, condition: str = "") -> None:
@@ -437,14 +471,9 @@ def _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
     """FP8 inputs (torch.float8_e4m3fn q, k, v): forward only, as FlashAttention-3's; out bfloat16."""
     if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
         _fail("q", "float8_e4m3fn attention is forward only (no gradient), as in FlashAttention-3")
-    left, right = window_pair(window_size)
-    options = AttnOptions(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                          max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
-                          softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
-                          top_left=causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT, window_left=left,
-                          window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
-                          dropout_p=float(dropout_p),
-                          sinks=None if learnable_sink is None else learnable_sink.float().contiguous())
+    options = _attn_options(q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                            softmax_scale, causal, window_size, softcap, alibi_slopes, causal_alignment,
+                            learnable_sink)
     inputs = (q, k, v, q_descale, k_descale, v_descale, *options)
     return _fwd_fp8(*inputs) if torch.compiler.is_compiling() else _fwd_fp8_impl(*inputs)
 

@@ -34,7 +34,16 @@ import torch
 from torch import Tensor
 
 from . import _C
-from .interface import AttnOptions, _call, _check_no_factors, _fail, _fp8_bytes, _pad_head_dim
+from .interface import (
+    AttnOptions,
+    _call,
+    _check_no_factors,
+    _fail,
+    _fp8_bytes,
+    _number,
+    _optional_tensor,
+    _pad_head_dim,
+)
 from .ops import _export as _dl
 from .ops import window_pair
 
@@ -201,6 +210,10 @@ def flash_attn_with_kvcache(
         right = 0
     if not isinstance(num_splits, int) or num_splits < 0:
         _fail("num_splits", f"must be an int >= 0 (0 = the plan picks; got {num_splits!r})")
+    softcap = _number("softcap", softcap, float)
+    if softmax_scale is not None:
+        softmax_scale = _number("softmax_scale", softmax_scale, float)
+    _optional_tensor("alibi_slopes", alibi_slopes)
 
     # Checks on device values, in eager calls that write the cache or gather from it (one host synchronisation
     # for all of them). A plain decode call (contiguous cache, nothing appended) reads none: the kernels clamp

@@ -29,6 +29,7 @@ from flashattn import (  # noqa: E402
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
     ops,
 )
 from flashattn.interface import AttnOptions  # noqa: E402
@@ -333,6 +334,18 @@ def test_malformed_tensor_arguments_are_named():
         (lambda: flash_attn_varlen_kvpacked_func(q[0], q[0], cu, cu, 4, 4), ValueError, "kv: must be a 4-D tensor"),
         (lambda: flash_attn_varlen_qkvpacked_func(q[0].unsqueeze(1), cu, 4), ValueError,
          "qkv: must be (total, 3, heads, head_dim): dimension 1 must have size 3 (got 1)"),
+        # Scalars and optional tensors of the wrong type, and the sink by its Python name (the core's is "sinks").
+        (lambda: flash_attn_func(q, q, q, softcap=None), TypeError, "softcap: must be a number (got NoneType)"),
+        (lambda: flash_attn_func(q, q, q, softmax_scale="x"), TypeError, "softmax_scale: must be a number"),
+        (lambda: flash_attn_func(q, q, q, alibi_slopes=[0.1, 0.2]), TypeError,
+         "alibi_slopes: must be a torch.Tensor or None (got list)"),
+        (lambda: flash_attn_func(q, q, q, learnable_sink=torch.zeros(3)), ValueError,
+         "learnable_sink: must have shape (2,), a logit per query head (got (3,))"),
+        (lambda: flash_attn_varlen_func(q[0], q[0], q[0], [0, 4], cu, 4, 4), TypeError,
+         "cu_seqlens_q: must be a torch.Tensor or None (got list)"),
+        (lambda: flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, None, 4), TypeError,
+         "max_seqlen_q: must be a number (got NoneType)"),
+        (lambda: flash_attn_with_kvcache(q[:, :1], q, q.clone(), softcap=None), TypeError, "softcap: must be a number"),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=re.escape(message)):
