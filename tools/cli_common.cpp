@@ -224,6 +224,13 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   const bool cuda = o.backend == FA_BACKEND_CUDA_SM80 || o.backend == FA_BACKEND_CUDA_SM90 ||
                     (o.backend == FA_BACKEND_AUTO && fa_cuda_available());
   const fa_device dev = cuda ? FA_DEVICE_CUDA : FA_DEVICE_CPU;
+  // An explicit CUDA backend without a device would otherwise fail at the first device allocation, as if memory
+  // were short.
+  if (cuda && !fa_cuda_available()) {
+    r.error = std::string("--backend ") + (o.backend == FA_BACKEND_CUDA_SM80 ? "cuda-sm80" : "cuda-sm90") +
+              ": no CUDA device is available (not built with CUDA, or no GPU on this machine)";
+    return r;
+  }
   const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, H = s.heads, Hk = s.hkv(), D = s.head_dim, Dv = s.dv();
   const size_t e = dtype_size(s.dtype);
   // out (and the backward's tensors): bfloat16 for FP8 inputs (flashattn.h).
@@ -255,7 +262,7 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
       dq(nq * eo, cuda), dk(nk * eo, cuda), dv(nv * eo, cuda), alibi(hslopes.size(), cuda);
   for (Buffer* b : {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv, &alibi})
     if (!b->data()) {
-      r.error = "out of memory allocating the problem's tensors";
+      r.error = std::string("out of ") + (cuda ? "device" : "host") + " memory allocating the problem's tensors";
       return r;
     }
   q.upload(hq);
