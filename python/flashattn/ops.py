@@ -258,6 +258,10 @@ def quantize_fp8(x, *, out=None, descale=None, hadamard=False, seed=0, stream=0)
     with x' ~= out * descale. ``hadamard``: rotate along D first (a power of two), with signs from ``seed``; quantise
     q and k with the same seed (q.k^T is unchanged), v without. Outputs are allocated for numpy and torch inputs.
     """
+    if not hasattr(x, "shape"):
+        raise TypeError(f"x: must be an array (torch, numpy or DLPack) (got {type(x).__name__})")
+    if seed is None or isinstance(seed, (str, bytes, float)):
+        raise TypeError(f"seed: must be an int (got {type(seed).__name__})")
     torch = sys.modules.get("torch") if type(x).__module__.startswith("torch") else None
     if torch is not None and isinstance(x, torch.Tensor):
         if x.dim() > 0 and x.stride(-1) != 1:

@@ -110,6 +110,19 @@ def test_binding_messages_name_the_argument():
         ops.forward(q, k, v, alibi_slopes=np.ones(4))
 
 
+def test_quantize_fp8_arguments_are_named():
+    # A non-array x used to fail on x.shape (AttributeError), a seed of None inside int().
+    from flashattn import quantize_fp8
+
+    with pytest.raises(TypeError, match=r"x: must be an array \(torch, numpy or DLPack\) \(got list\)"):
+        quantize_fp8([1.0, 2.0])
+    x = np.ones((1, 2, 1, 8), np.float32)
+    with pytest.raises(TypeError, match=r"seed: must be an int \(got NoneType\)"):
+        quantize_fp8(x, hadamard=True, seed=None)
+    out, descale = quantize_fp8(x)
+    assert out.shape == x.shape and descale.shape == (1, 1)
+
+
 def test_fuzz():
     cases = int(os.environ.get("FA_FUZZ_PY_CASES", "120"))
     seed = int(os.environ.get("FA_FUZZ_SEED", "1"))
