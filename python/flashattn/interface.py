@@ -322,7 +322,10 @@ def _number(name: str, x, kind):
     refused: under torch.compile x may be a SymInt or SymFloat, which kind() takes."""
     if x is None or isinstance(x, (str, bytes, list, tuple, dict, set)):
         raise TypeError(f"{name}: must be a number (got {type(x).__name__})")
-    return kind(x)
+    value = kind(x)
+    if kind is int and isinstance(value, int) and not -(2 ** 63) <= value < 2 ** 63:
+        _fail(name, f"must fit in 64 bits (got {value})")
+    return value
 
 
 def _optional_tensor(name: str, t) -> None:

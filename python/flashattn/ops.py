@@ -70,10 +70,16 @@ def backend_name(q, backend="auto") -> str:
 
 
 def window_pair(window_size):
-    """(left, right) from flash_attn's window_size; -1 is an unbounded side."""
+    """(left, right) from flash_attn's window_size; -1 is an unbounded side. Out-of-range sides get the argument's
+    rule here, not nanobind's bare "incompatible function arguments" (the core then checks them against -1)."""
     # No try/except: torch.compile traces this on every call of the flash_attn functions.
-    if isinstance(window_size, (tuple, list)) and len(window_size) == 2:
-        return int(window_size[0]), int(window_size[1])
+    if (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and
+            not any(w is None or isinstance(w, (str, bytes)) for w in window_size)):
+        left, right = int(window_size[0]), int(window_size[1])
+        for value in (left, right):
+            if not -(2**63) <= value <= 2**63 - 1:
+                raise ValueError(f"window_size: must be in [{-(2**63)}, {2**63 - 1}] (got {value})")
+        return left, right
     raise ValueError(f"window_size: must be a pair (left, right) of ints, -1 = unbounded (got {window_size!r})")
 
 
@@ -151,10 +157,8 @@ def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, s
             causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads, stream):
     left, right = window_pair(window_size)
     # Out-of-range integers get the argument's rule here, not nanobind's bare "incompatible function arguments".
-    for name, value, lo, hi in (("window_size", left, -(2**63), 2**63 - 1), ("window_size", right, -(2**63), 2**63 - 1),
-                                ("num_threads", int(num_threads), 0, 2**31 - 1)):
-        if not lo <= value <= hi:
-            raise ValueError(f"{name}: must be in [{lo}, {hi}] (got {value})")
+    if not 0 <= int(num_threads) <= 2**31 - 1:
+        raise ValueError(f"num_threads: must be in [0, {2**31 - 1}] (got {int(num_threads)})")
     return dict(
         cu_seqlens_q=_export(cu_seqlens_q),
         cu_seqlens_k=_export(cu_seqlens_k),

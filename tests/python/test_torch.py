@@ -346,10 +346,16 @@ def test_malformed_tensor_arguments_are_named():
         (lambda: flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, None, 4), TypeError,
          "max_seqlen_q: must be a number (got NoneType)"),
         (lambda: flash_attn_with_kvcache(q[:, :1], q, q.clone(), softcap=None), TypeError, "softcap: must be a number"),
+        (lambda: flash_attn_func(q, q, q, window_size=("a", 0)), ValueError, "window_size: must be a pair"),
+        (lambda: flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 10**30, 4), ValueError,
+         "max_seqlen_q: must fit in 64 bits"),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=re.escape(message)):
             call()
+    # A window side beyond int64 is named as ops.forward names it (it used to fail in the binding's conversion).
+    with pytest.raises(ValueError, match=re.escape("window_size: must be in [")):
+        flash_attn_func(q, q, q, window_size=(10**30, 0))
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
