@@ -162,12 +162,8 @@ struct FwdTraits {
   // producer gives back are all the consumers get: the CTA launches with 168 per thread (two consumer
   // warpgroups), and 240 for them leaves exactly 24 for the producer (with 32 the consumers' setmaxnreg waited
   // forever).
-  // With kCtasPerSm CTAs resident on an SM each has its share of the file.
-  static constexpr int kCtasPerSm = kTiles.ctas_per_sm;
-  static constexpr int kRegisterFile = 64 * 1024 / kCtasPerSm;
+  // (kCtasPerSm and the split itself follow SharedStorage, which decides how many CTAs an SM holds.)
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegsRaw = (kRegisterFile / kWgThreads - kProducerRegs) / kConsumerWGs / 8 * 8;
-  static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   // Q and O: (64 rows, d, warpgroup): each warpgroup's rows are one contiguous region, so a warpgroup may
@@ -217,8 +213,14 @@ struct FwdTraits {
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile table entry does not fit shared memory");
-  // The SM's 228 KiB hold kCtasPerSm CTAs, each with 1 KiB the driver reserves.
-  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "tile table entry's CTAs do not fit one SM");
+  // CTAs resident on an SM: the tile table's, fewer where an ablation's block or stages (Mech) make them not fit the
+  // SM's 228 KiB (each CTA with 1 KiB the driver reserves). Each has its share of the register file.
+  static constexpr int kCtasPerSmFit = 228 * 1024 / (kSmemBytes + 1024);
+  static constexpr int kCtasPerSm = kTiles.ctas_per_sm < kCtasPerSmFit ? kTiles.ctas_per_sm : kCtasPerSmFit;
+  static_assert(kCtasPerSm >= 1);
+  static constexpr int kRegisterFile = 64 * 1024 / kCtasPerSm;
+  static constexpr int kConsumerRegsRaw = (kRegisterFile / kWgThreads - kProducerRegs) / kConsumerWGs / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 
   // Global tensors as TMA sees them: (rows, d, heads, batch); varlen: (total rows, d, heads, 1).
   using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
