@@ -163,6 +163,8 @@ def flash_attn_with_kvcache(
     if cache_leftpad is not None:
         _check_int32_vector("cache_leftpad", cache_leftpad, batch, device)
 
+    for name, t in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        _optional_tensor(name, t)
     if (k is None) != (v is None):
         _fail("k" if k is None else "v", "k and v are given together (the new tokens) or not at all")
     new = 0

@@ -346,6 +346,8 @@ def test_malformed_tensor_arguments_are_named():
         (lambda: flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, None, 4), TypeError,
          "max_seqlen_q: must be a number (got NoneType)"),
         (lambda: flash_attn_with_kvcache(q[:, :1], q, q.clone(), softcap=None), TypeError, "softcap: must be a number"),
+        (lambda: flash_attn_with_kvcache(q[:, :1], q, q.clone(), k=[1.0], v=[2.0], cache_seqlens=1), TypeError,
+         "k: must be a torch.Tensor or None (got list)"),
         (lambda: flash_attn_func(q, q, q, window_size=("a", 0)), ValueError, "window_size: must be a pair"),
         (lambda: flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 10**30, 4), ValueError,
          "max_seqlen_q: must fit in 64 bits"),
