@@ -13,12 +13,18 @@ template <class Traits>
 struct BwdEpilogue {
   using Element = typename Traits::Element;
   static constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  static constexpr int kConsumerThreads = Traits::kConsumerThreads;
 
-  // Column pairs straight from registers; every stored key row of the block is written (rows no query sees and
-  // keys past seqused_k hold zeros).
+  // Every stored key row of the block is written (rows no query sees and keys past seqused_k hold zeros). dK and dV
+  // in the output dtype leave through shared memory: K's and V's tiles, free once both warpgroups' last GEMMs have
+  // read them (dQ reads K, dP^T V), take the accumulators' column pairs, and the consumers then copy whole rows in
+  // 16-byte chunks. Stored straight from the MMA layout, each 4-byte store of a warp spans 8 rows, half of every
+  // 32-byte sector it touches: +4-8 % at 512-1k tokens, +1-4 % at 2k (H200,
+  // bench/results/2026-12-03_h200_session25/README.md).
+  // GQA's fp32 partials (the workspace, reduced afterwards) keep the direct stores.
   template <class Acc, class Seq>
-  __device__ static void store(const BwdParams& p, const Seq& seq, int n_block, int head, int batch, Acc& acc_dk,
-                               Acc& acc_dv, int ctid) {
+  __device__ static void store(const BwdParams& p, typename Traits::SharedStorage& ss, const Seq& seq, int n_block,
+                               int head, int batch, Acc& acc_dk, Acc& acc_dv, int ctid) {
     typename Traits::TiledMmadKV mma_dkv;
     Tensor cKV = mma_dkv.get_thread_slice(ctid).partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
     const int n0 = n_block * kBlockN;
@@ -34,12 +40,56 @@ struct BwdEpilogue {
       Element* dv = static_cast<Element*>(p.dv) +
                     (varlen ? int64_t(seq.k_start) * p.dv_row : int64_t(batch) * p.dv_batch) +
                     int64_t(head) * p.dv_head;
-      store_pairs(acc_dk, cKV, dk, p.dk_row, n0, rows, p.head_dim);
-      store_pairs(acc_dv, cKV, dv, p.dv_row, n0, rows, p.head_dim_v);
+      Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});  // (keys, d)
+      Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+      // (kTails' id: its one use, at the mainloop's start, has completed; the same 256 threads.)
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
+      pairs_to_smem(acc_dk, cKV, sK);
+      pairs_to_smem(acc_dv, cKV, sV);
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
+      copy_rows(sK, dk, p.dk_row, n0, rows, p.head_dim, ctid);
+      copy_rows(sV, dv, p.dv_row, n0, rows, p.head_dim_v, ctid);
     } else {
       const int64_t row0 = int64_t(head) * p.rows_k + seq.k_row0;
       store_pairs(acc_dk, cKV, p.dk_acc + row0 * p.head_dim, p.head_dim, n0, rows, p.head_dim);
       store_pairs(acc_dv, cKV, p.dv_acc + row0 * p.head_dim_v, p.head_dim_v, n0, rows, p.head_dim_v);
+    }
+  }
+
+  // Accumulator column pairs into a K-major (keys, d) tile: elements c, c + 1 (c even) are adjacent there, since the
+  // swizzle moves whole 16-byte chunks.
+  template <class Acc, class Coord, class SmemTile>
+  __device__ static void pairs_to_smem(const Acc& acc, const Coord& coord, SmemTile& s) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      cutlass::Array<float, 2> pair;
+      pair[0] = acc(i);
+      pair[1] = acc(i + 1);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(&s(get<0>(coord(i)), get<1>(coord(i)))) =
+          cutlass::NumericArrayConverter<Element, float, 2>{}(pair);
+    }
+  }
+
+  // Rows [0, rows) of a (keys, d) shared tile to dst rows n0.. (row stride row_stride), columns below cols: 16-byte
+  // chunks where every row start is 16-byte aligned (dK/dV are the caller's tensors: any stride), else elements.
+  template <class SmemTile>
+  __device__ static void copy_rows(const SmemTile& s, Element* dst, int64_t row_stride, int n0, int rows, int cols,
+                                   int ctid) {
+    constexpr int kChunk = 16 / int(sizeof(Element));
+    constexpr int kChunksPerRow = kHeadDim / kChunk;
+    const bool chunks = cols % kChunk == 0 && row_stride % kChunk == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+    if (chunks) {
+      for (int i = ctid; i < rows * kChunksPerRow; i += kConsumerThreads) {
+        const int r = i / kChunksPerRow, c = i % kChunksPerRow * kChunk;
+        if (c < cols)
+          *reinterpret_cast<cute::uint128_t*>(dst + int64_t(n0 + r) * row_stride + c) =
+              *reinterpret_cast<const cute::uint128_t*>(&s(r, c));
+      }
+    } else {
+      for (int i = ctid; i < rows * kHeadDim; i += kConsumerThreads) {
+        const int r = i / kHeadDim, c = i % kHeadDim;
+        if (c < cols) dst[int64_t(n0 + r) * row_stride + c] = s(r, c);
+      }
     }
   }
 
