@@ -17,18 +17,18 @@ namespace flashattn::cuda {
 
 constexpr int kCombineThreads = 128;  // 4 warps, one (head, row) each
 constexpr int kCombineWarps = kCombineThreads / 32;
-constexpr int kCombineBatch = 8;                              // splits a lane's loop takes at a time
+constexpr int kCombineBatch = 16;                             // splits whose loads a lane issues together
 constexpr int kCombineChunks = FwdParams::kMaxKvSplits / 32;  // a lane keeps split 32 c + lane's weight in w[c]
 
 // One warp per (head, row). The lanes read the splits' LSEs once (split 32 c + lane into the lane's w[c]), form L
 // and turn them into weights in place; then each lane adds 4 columns of every split, in split order, the weights
-// broadcast by shuffles, kCombineBatch splits at a time. Each 16-byte load is predicated on its split's shuffled
-// weight, and sm_90a's SASS keeps at most two of a batch's loads in flight. The first version reloaded each split's
-// LSE beside its O, one split at a time: 7.0 us for 16 splits of 32 rows at d128 where cuDNN's
-// reduction takes 2.9 (H200, bench/results/2026-12-03_h200_session23/, decode 1 x 64k). The weights stay in
-// registers, not shared memory: a combine that declares shared memory made each decode call's time beyond its
-// kernels 14 -> 96 us at 1 x 64k (bench/results/2026-12-03_h200_session24/, presumably the SM's shared-memory
-// carveout switched between the forward, which takes nearly all of it, and the combine).
+// broadcast by shuffles, kCombineBatch splits' 16-byte loads issued before their adds. Their addresses must not
+// depend on the weights: with each load predicated on its split's shuffled weight, sm_90a's SASS kept at most two
+// of a batch's loads in flight (H200, decode 1 x 64k, 33 splits of 32 rows at d128: 7.2 us that way, 5.2 issued
+// together; cuDNN's reduction 2.9; bench/results/2026-12-03_h200_session25/). The weights stay in registers, not
+// shared memory: a combine that declares shared memory made each decode call's time beyond its kernels 14 -> 96 us
+// at 1 x 64k (bench/results/2026-12-03_h200_session24/, presumably the SM's shared-memory carveout switched between
+// the forward, which takes nearly all of it, and the combine).
 template <class Element>
 __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const FwdParams p) {
   constexpr unsigned kAll = 0xffffffffu;
@@ -77,18 +77,20 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const Fw
       if (32 * c >= splits) break;
       for (int j0 = 0; j0 < 32 && 32 * c + j0 < splits; j0 += kCombineBatch) {
         float4 o[kCombineBatch];
-        float ws[kCombineBatch];
 #pragma unroll
         for (int j = 0; j < kCombineBatch; ++j) {
-          ws[j] = __shfl_sync(kAll, w[c], j0 + j);
-          // An empty split's O is 0, but 0 * a stale value must not be read: weight 0 loads nothing.
-          const int64_t s = 32 * c + j0 + j;
-          o[j] = in && ws[j] != 0.f ? *reinterpret_cast<const float4*>(o_item + s * split_stride * p.head_dim_v + col)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+          // Unpredicated loads: a split past the last and a column past head_dim_v read split 0's first columns
+          // (always there), and the select below drops what they and weight-0 splits read (an empty split's partial
+          // may be stale, NaN included, and 0 * NaN is not 0).
+          const int64_t s = 32 * c + j0 + j < splits ? 32 * c + j0 + j : 0;
+          o[j] = __ldg(reinterpret_cast<const float4*>(o_item + s * split_stride * p.head_dim_v + (in ? col : 0)));
         }
 #pragma unroll
-        for (int j = 0; j < kCombineBatch; ++j)
-          acc.x += ws[j] * o[j].x, acc.y += ws[j] * o[j].y, acc.z += ws[j] * o[j].z, acc.w += ws[j] * o[j].w;
+        for (int j = 0; j < kCombineBatch; ++j) {
+          const float ws = __shfl_sync(kAll, w[c], j0 + j);
+          if (!in || ws == 0.f) o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+          acc.x += ws * o[j].x, acc.y += ws * o[j].y, acc.z += ws * o[j].z, acc.w += ws * o[j].w;
+        }
       }
     }
     if (in) {
