@@ -152,10 +152,8 @@ int kv_splits(const detail::Problem& p, const FwdPlan& f, int requested, int sms
 // mask; sequences up to fwd_short_seqlen (the longer of the query and key lengths) the short one.
 sm90::FwdEntry sm90_entry(const detail::Problem& p, const FwdPlan& f, int head_dim) {
   // Packed tiles whose rows fit one warpgroup (decode: a few query positions of a group) take the decode entry:
-  // one consumer warpgroup, two CTAs per SM. Not with softcap (no such instantiation: build time), nor with paged
-  // K/V yet (the device runs of these tiles covered contiguous caches only:
-  // bench/results/2026-12-03_h200_session24/README.md, run 4).
-  if (f.pack_gqa && !p.fp8() && !p.paged() && sm90::decode_entry_exists(head_dim) && !f.variant.score_mods &&
+  // one consumer warpgroup, two CTAs per SM. Not with softcap (no such instantiation: build time).
+  if (f.pack_gqa && !p.fp8() && sm90::decode_entry_exists(head_dim) && !f.variant.score_mods &&
       p.seqlen_q * p.group() <= sm90::kWarpgroupRows)
     return sm90::FwdEntry::kDecode;
   if (f.pack_gqa || p.dropout.on) return sm90::FwdEntry::kWindowed;

@@ -212,11 +212,13 @@ TEST(Paged, CacheWithoutPages) {
 }
 
 // The plan says which read path serves a page size (fa_forward_plan reports the kernels; a gathered plan needs the
-// copies' workspace): sm90 reads every page size itself, sm80 reads a gathered copy.
+// copies' workspace): sm90 reads every page size itself, sm80 reads a gathered copy. One split, so that the
+// workspace holds no split-KV partials (the decode tiles' CTA slots make the plan split this call).
 TEST(Paged, PlanReadsPagesNativelyOnSm90) {
   SKIP_WITHOUT_GPU();
   auto workspace = [](int64_t page, fa_backend backend = FA_BACKEND_CUDA_SM90) {
     PagedCase c = make("plan", backend, 128, page, 48 / page * 16, {16});
+    c.num_splits = 1;
     const PagedData g = paged_testing::make_data(c, 1);
     const DeviceCall d(c, g, true);
     const fa_exec x = paged_testing::make_exec(c);

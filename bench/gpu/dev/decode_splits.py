@@ -15,6 +15,7 @@ then reversed, so that two kernels compare in one process.
 instead of 2 KB), as the row "ours_hm": what the caches' layout costs our TMA loads.
 --profile: each kernel's CUDA time per call of ours (the plan's count, or the first of --splits) and of cuDNN
 (torch.profiler), printed as "# profile" lines beside the call's do_bench time: the rest is launch gaps.
+DEV_DECODE_D (environment, default 128): the head dim of q and the caches (paged_decode.py reads it too).
 """
 import argparse
 import csv
@@ -32,7 +33,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import common  # noqa: E402
 
 SHAPES = ((1, 65536), (8, 16384), (32, 8192), (128, 4096), (64, 32768))
-HQ, HKV, D = 32, 8, 128
+HQ, HKV = 32, 8
+D = int(os.environ.get("DEV_DECODE_D", "128"))  # the head dim (DEV_DECODE_D=64: the d64 decode tiles)
 
 
 def cudnn_decode(q, kc, vc, head_major=True):

@@ -62,12 +62,11 @@ enum class FwdEntry : uint8_t {
 // warpgroup has no rows at all. One warpgroup and two CTAs per SM instead: each CTA is its own K/V stream with its
 // own producer, as cuDNN's decode kernel runs two CTAs of 4 warps per SM (ncu,
 // bench/results/2026-12-03_h200_session24/README.md). Two stages of 64 keys keep the bytes in flight per SM as they
-// were: 2 x (16 KiB Q + 64 KiB K/V + 16 KiB O) fits twice in the SM's 228 KiB. d128 only so far (the head dim the
-// decode benchmarks and the device runs have covered); other head dims' kDecode is their windowed entry, which
-// the plan then does not pick (decode_entry_exists).
+// were: 2 x (16 KiB Q + 64 KiB K/V + 16 KiB O) fits twice in the SM's 228 KiB; at d64, 128-key blocks take the same
+// bytes. Above d128 kDecode is the windowed entry, which the plan then does not pick (decode_entry_exists).
 constexpr FwdTiles fwd_tiles(int head_dim, FwdEntry entry, bool fp8 = false) {
   const bool wide = entry == FwdEntry::kWide;
-  if (entry == FwdEntry::kDecode && !fp8 && head_dim == 128) return {1, 64, 2, 2};
+  if (entry == FwdEntry::kDecode && !fp8 && head_dim <= 128) return {1, head_dim <= 64 ? 128 : 64, 2, 2};
   if (fp8) return {head_dim <= 64 ? 3 : 2, head_dim > 64 && head_dim <= 128 && wide ? 192 : 128, 2};
   if (head_dim <= 64) return {entry == FwdEntry::kShort ? 2 : 3, 128, 2};
   if (head_dim <= 128) return {2, wide ? 176 : 128, 2};
