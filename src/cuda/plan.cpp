@@ -157,6 +157,14 @@ sm90::FwdEntry sm90_entry(const detail::Problem& p, const FwdPlan& f, int head_d
       p.seqlen_q * p.group() <= sm90::kWarpgroupRows)
     return sm90::FwdEntry::kDecode;
   if (f.pack_gqa || p.dropout.on) return sm90::FwdEntry::kWindowed;
+  const int64_t longest = std::max(p.seqlen_q, p.seqlen_k);
+  int64_t narrow_seqlen = sm90::fwd_narrow_seqlen(head_dim, f.windowed, p.fp8());
+#ifdef FLASHATTN_SM90_ABLATIONS
+  if (const char* limit = std::getenv("FLASHATTN_SM90_NARROW_SEQLEN"); limit != nullptr)
+    narrow_seqlen = std::strtoll(limit, nullptr, 10);
+#endif
+  if (!p.fp8() && !f.variant.score_mods && sm90::narrow_entry_exists(head_dim) && longest <= narrow_seqlen)
+    return sm90::FwdEntry::kNarrow;
   int64_t short_seqlen = sm90::fwd_short_seqlen(head_dim, f.windowed, p.fp8());
 #ifdef FLASHATTN_SM90_ABLATIONS
   // Ablation builds: the limit from the environment, read at every call, so that a benchmark measures both
@@ -164,7 +172,7 @@ sm90::FwdEntry sm90_entry(const detail::Problem& p, const FwdPlan& f, int head_d
   if (const char* limit = std::getenv("FLASHATTN_SM90_SHORT_SEQLEN"); limit != nullptr)
     short_seqlen = std::strtoll(limit, nullptr, 10);
 #endif
-  if (std::max(p.seqlen_q, p.seqlen_k) <= short_seqlen) return sm90::FwdEntry::kShort;
+  if (longest <= short_seqlen) return sm90::FwdEntry::kShort;
   return f.windowed ? sm90::FwdEntry::kWindowed : sm90::FwdEntry::kWide;
 }
 

@@ -291,12 +291,14 @@ std::vector<Case> forward_cases() {
   for (int64_t d : {256, 200}) {
     Case c; c.sq = 150, c.sk = 1500, c.d = c.dv = d; c.name = "d" + std::to_string(d) + "_long_keys"; add(c);
   }
-  // sm90: sequences up to fwd_short_seqlen take the short tile entry (sm90/tiles.hpp), which the shapes above
-  // cover; past it the wide (no window) and windowed entries, whose tiles differ at d64 and d128.
+  // sm90: sequences up to fwd_short_seqlen / fwd_narrow_seqlen take the short / narrow tile entries (sm90/tiles.hpp),
+  // which the shapes above cover; past them the wide (no window) and windowed entries, whose tiles differ at d64 and
+  // d128.
   for (int64_t d : {64, 128}) {
     for (bool causal : {false, true}) {
       Case c; c.sq = 300, c.d = c.dv = d, c.causal = causal;
-      c.sk = std::max<int64_t>(flashattn::cuda::sm90::fwd_short_seqlen(int(d), causal, false), 1024) + 77;
+      c.sk = std::max({flashattn::cuda::sm90::fwd_short_seqlen(int(d), causal, false),
+                       flashattn::cuda::sm90::fwd_narrow_seqlen(int(d), causal, false), int64_t(1024)}) + 77;
       c.name = "d" + std::to_string(d) + (causal ? "_causal" : "_full") + "_past_short"; add(c);
     }
   }
@@ -523,11 +525,12 @@ std::vector<Case> sanitizer_cases() {
     c.name = "d" + std::to_string(d) + "_full"; v.push_back(c);
     c.name = "d" + std::to_string(d) + "_causal"; c.causal = true; v.push_back(c);
   }
-  // sm90: the wide and windowed tile entries (the cases above take the short one, sm90/tiles.hpp fwd_short_seqlen).
+  // sm90: the wide and windowed tile entries (the cases above take the short or narrow one, sm90/tiles.hpp).
   for (int64_t d : {64, 128}) {
     for (bool causal : {false, true}) {
       Case c; c.sq = 70, c.d = c.dv = d, c.causal = causal;
-      c.sk = std::max<int64_t>(flashattn::cuda::sm90::fwd_short_seqlen(int(d), causal, false), 1024) + 77;
+      c.sk = std::max({flashattn::cuda::sm90::fwd_short_seqlen(int(d), causal, false),
+                       flashattn::cuda::sm90::fwd_narrow_seqlen(int(d), causal, false), int64_t(1024)}) + 77;
       c.name = "d" + std::to_string(d) + (causal ? "_causal" : "_full") + "_past_short"; v.push_back(c);
     }
   }
@@ -787,20 +790,21 @@ TEST(Sm80Validation, Sm90DecodeTileShapeReported) {
   }
 }
 
-// d64 causal: 16 rows take the short entry (two warpgroups), rows past fwd_short_seqlen the windowed one (three).
-// Only planned: nothing is launched.
+// d64 causal: 16 rows take the narrow entry (one warpgroup, three CTAs per SM), rows past fwd_narrow_seqlen the
+// windowed one (three warpgroups). Only planned: nothing is launched.
 TEST(Sm80Validation, Sm90TileShapeReported) {
   SKIP_WITHOUT_GPU();
   using flashattn::cuda::sm90::fwd_tiles;
   using flashattn::cuda::sm90::FwdEntry;
-  static_assert(fwd_tiles(64, FwdEntry::kShort).block_q() != fwd_tiles(64, FwdEntry::kWindowed).block_q());
+  static_assert(fwd_tiles(64, FwdEntry::kNarrow).block_q() != fwd_tiles(64, FwdEntry::kWindowed).block_q());
+  static_assert(flashattn::cuda::sm90::fwd_short_seqlen(64, true, false) == 0, "d64 causal: no short entry");
   SmallCall call;
   call.p.attn.causal = 1;
   int bq = 0, bk = 0;
   if (!sm90_tile_shape(call, &bq, &bk)) GTEST_SKIP() << fa_last_error();
-  EXPECT_EQ(bq, fwd_tiles(64, FwdEntry::kShort).block_q());
-  EXPECT_EQ(bk, fwd_tiles(64, FwdEntry::kShort).block_k);
-  const int64_t rows = flashattn::cuda::sm90::fwd_short_seqlen(64, true, false) + 1;
+  EXPECT_EQ(bq, fwd_tiles(64, FwdEntry::kNarrow).block_q());
+  EXPECT_EQ(bk, fwd_tiles(64, FwdEntry::kNarrow).block_k);
+  const int64_t rows = flashattn::cuda::sm90::fwd_narrow_seqlen(64, true, false) + 1;
   int64_t d64_long[4] = {1, rows, 2, 64};
   const int64_t region = rows * 2 * 64;
   DeviceBuffer<uint16_t> big(size_t(4 * region));

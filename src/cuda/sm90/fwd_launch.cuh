@@ -132,6 +132,11 @@ cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cu
         return launch_kernel<FwdTraits<Element, kHeadDim, FwdEntry::kDecode, Mech>, Packed>(p, plan, counter, stream);
     }
     if (plan.pack_gqa) return launch_kernel<Windowed, Packed>(p, plan, counter, stream);
+    if constexpr (!kScoreMods &&
+                  !same_tiles(fwd_tiles(kHeadDim, FwdEntry::kNarrow), fwd_tiles(kHeadDim, FwdEntry::kWindowed))) {
+      if (plan.tiles_entry == FwdEntry::kNarrow)
+        return launch_kernel<FwdTraits<Element, kHeadDim, FwdEntry::kNarrow, Mech>, Unpacked>(p, plan, counter, stream);
+    }
   }
   if constexpr (!kDropout) {
     constexpr FwdTiles kWindowedTiles = fwd_tiles(kHeadDim, FwdEntry::kWindowed, kFp8);

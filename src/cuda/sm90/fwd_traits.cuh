@@ -218,8 +218,13 @@ struct FwdTraits {
   static constexpr int kCtasPerSmFit = 228 * 1024 / (kSmemBytes + 1024);
   static constexpr int kCtasPerSm = kTiles.ctas_per_sm < kCtasPerSmFit ? kTiles.ctas_per_sm : kCtasPerSmFit;
   static_assert(kCtasPerSm >= 1);
-  static constexpr int kRegisterFile = 64 * 1024 / kCtasPerSm;
-  static constexpr int kConsumerRegsRaw = (kRegisterFile / kWgThreads - kProducerRegs) / kConsumerWGs / 8 * 8;
+  // A CTA launches with the registers per thread that kCtasPerSm CTAs leave (a multiple of 8, the allocation
+  // unit); setmaxnreg only moves registers between its warpgroups, so the consumers get what that pool holds beyond
+  // the producer's 24 (three CTAs of 256 threads: 80 each at launch, 136 for the consumers; a larger request would
+  // wait forever).
+  static constexpr int kLaunchRegs = 64 * 1024 / (kCtasPerSm * kThreads) / 8 * 8;
+  static constexpr int kRegisterFile = kLaunchRegs * kThreads;
+  static constexpr int kConsumerRegsRaw = (kRegisterFile - kProducerRegs * kWgThreads) / kConsumerThreads / 8 * 8;
   static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 
   // Global tensors as TMA sees them: (rows, d, heads, batch); varlen: (total rows, d, heads, 1).

@@ -29,6 +29,8 @@ enum class FwdEntry : uint8_t {
   kWindowed,  // causal / sliding window longer than fwd_short_seqlen; packed GQA and dropout under every mask
   kShort,     // sequences up to fwd_short_seqlen (not packed, no dropout)
   kDecode,    // packed GQA tiles of at most 64 rows (query positions x group), 16-bit (decode_entry_exists)
+  kNarrow,    // one warpgroup, several CTAs per SM: unpacked 16-bit calls up to fwd_narrow_seqlen (no score mods,
+              // no dropout; narrow_entry_exists)
 };
 
 // `head_dim` is the compiled head dim. Registers decide first: a consumer thread holds 64 * head_dim / 128 fp32
@@ -43,11 +45,11 @@ enum class FwdEntry : uint8_t {
 //   d256: 2 x 80 keys: 128 O + 2 x 40 S + 20 P; 80 is the largest multiple of 16 whose two K/V stages fit
 //         next to the 64 KiB Q tile (64 + 2 * 2 * 80 * 256 * 2 B = 224 KiB of 227 KiB).
 // Short sequences (kShort, up to fwd_short_seqlen) waste less of a tile. d64 under causal/window: 2 warpgroups
-// (128 query rows; at 512 causal queries 192-row tiles compute 1.7x the visible scores, 128-row ones 1.25x): +7% at
-// 512, +9% at 1k, -2% at 2k; without a window 2 warpgroups gained nothing at 512/1k and lost 7-12% from 2k, so d64
-// has no short entry there. d128 without a window: 128 keys (176 keys leave 528 key columns for 512 keys and a
-// masked partial block): +14% at 512, +10% at 1k, +7% at 2k, +3.5% at 4k, +0.7% at 8k
-// (bench/results/2026-12-02_h200_session19/fwd_short_tiles.csv; 16k keeps 176).
+// (128 query rows; at 512 causal queries 192-row tiles compute 1.7x the visible scores, 128-row ones 1.25x) gained
+// +7% at 512, +9% at 1k, -2% at 2k, until the narrow tiles (kNarrow, below) took those calls; without a window 2
+// warpgroups gained nothing at 512/1k and lost 7-12% from 2k. So d64 has no short entry. d128 without a window:
+// 128 keys (176 keys leave 528 key columns for 512 keys and a masked partial block): +14% at 512, +10% at 1k, +7%
+// at 2k, +3.5% at 4k, +0.7% at 8k (bench/results/2026-12-02_h200_session19/fwd_short_tiles.csv; 16k keeps 176).
 // Two stages everywhere: one stage was 1-3% slower at d128, three no faster (the ablation table).
 // Dropout (variant::Dropout) takes the windowed entry under every mask: with the mask drawn beside the scores (its
 // first version) ptxas sm_90a spilled 92 bytes at d128 x 176 keys and 20 at 128; the kernel as built, 4 at 128 keys
@@ -67,8 +69,9 @@ enum class FwdEntry : uint8_t {
 constexpr FwdTiles fwd_tiles(int head_dim, FwdEntry entry, bool fp8 = false) {
   const bool wide = entry == FwdEntry::kWide;
   if (entry == FwdEntry::kDecode && !fp8 && head_dim <= 128) return {1, head_dim <= 64 ? 128 : 64, 2, 2};
+  if (entry == FwdEntry::kNarrow && !fp8 && head_dim <= 64) return {1, 64, 2, 3};
   if (fp8) return {head_dim <= 64 ? 3 : 2, head_dim > 64 && head_dim <= 128 && wide ? 192 : 128, 2};
-  if (head_dim <= 64) return {entry == FwdEntry::kShort ? 2 : 3, 128, 2};
+  if (head_dim <= 64) return {3, 128, 2};
   if (head_dim <= 128) return {2, wide ? 176 : 128, 2};
   return {2, 80, 2};
 }
@@ -78,14 +81,26 @@ constexpr bool same_tiles(const FwdTiles& a, const FwdTiles& b) {
          a.ctas_per_sm == b.ctas_per_sm;
 }
 
-// Whether kDecode has tiles of its own at this compiled head dim (16-bit).
+// Whether kDecode / kNarrow have tiles of their own at this compiled head dim (16-bit).
 constexpr bool decode_entry_exists(int head_dim) { return fwd_tiles(head_dim, FwdEntry::kDecode).ctas_per_sm > 1; }
+constexpr bool narrow_entry_exists(int head_dim) { return fwd_tiles(head_dim, FwdEntry::kNarrow).ctas_per_sm > 1; }
+
+// Short unpacked calls on one-warpgroup tiles (kNarrow, d64 only): 64 x 64 tiles, three CTAs per SM (as many
+// warpgroups as the 192-row tiles), so that one CTA's tile boundary (the next tile's Q load, its first Q.K^T, the
+// epilogue) runs under the others' GEMMs, and causal tiles compute fewer masked scores. H200 bf16, against the
+// entries they replace in one process (bench/results/2026-12-03_h200_session25/README.md, run 3): d64 causal +23 %
+// at 512, +5-11 % at 1k, -3 to -9 % at 2k; without a window even at 512 and -7 to -23 % from 1k. The same tiles at
+// d128 (two CTAs per SM) were 5-20 % slower at every length from 512 to 4k, masked or not. The longest sequence that
+// takes them (an ablation build's FLASHATTN_SM90_NARROW_SEQLEN overrides it, plan.cpp).
+constexpr int64_t fwd_narrow_seqlen(int head_dim, bool windowed, bool fp8) {
+  return !fp8 && head_dim <= 64 && windowed ? 1024 : 0;
+}
 
 // The longest sequence (the longer of the query and key lengths) that takes kShort; 0: none (the measurements above).
 constexpr int64_t fwd_short_seqlen(int head_dim, bool windowed, bool fp8) {
   if (fp8 || head_dim > 128) return 0;
-  if (head_dim <= 64) return windowed ? 1024 : 0;
-  return windowed ? 0 : 4096;  // d128 windowed: the short entry is the windowed one
+  if (head_dim <= 64) return 0;  // its causal/window calls up to 1k take kNarrow
+  return windowed ? 0 : 4096;    // d128 windowed: the short entry is the windowed one
 }
 
 // Tiles of the backward (bwd_kernel.cuh): a CTA owns block_k keys and walks the query rows block_q at a time
