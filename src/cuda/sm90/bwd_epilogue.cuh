@@ -44,11 +44,12 @@ struct BwdEpilogue {
       Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
       // (kTails' id: its one use, at the mainloop's start, has completed; the same 256 threads.)
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
-      pairs_to_smem(acc_dk, cKV, sK);
-      pairs_to_smem(acc_dv, cKV, sV);
+      pairs_to(acc_dk, cKV, [&](int r, int c) { return &sK(r, c); });
+      pairs_to(acc_dv, cKV, [&](int r, int c) { return &sV(r, c); });
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
-      copy_rows(sK, dk, p.dk_row, n0, rows, p.head_dim, ctid);
-      copy_rows(sV, dv, p.dv_row, n0, rows, p.head_dim_v, ctid);
+      copy_rows([&](int r, int c) { return &sK(r, c); }, dk + int64_t(n0) * p.dk_row, p.dk_row, rows, p.head_dim, ctid);
+      copy_rows([&](int r, int c) { return &sV(r, c); }, dv + int64_t(n0) * p.dv_row, p.dv_row, rows, p.head_dim_v,
+                ctid);
     } else {
       const int64_t row0 = int64_t(head) * p.rows_k + seq.k_row0;
       store_pairs(acc_dk, cKV, p.dk_acc + row0 * p.head_dim, p.head_dim, n0, rows, p.head_dim);
@@ -56,25 +57,25 @@ struct BwdEpilogue {
     }
   }
 
-  // Accumulator column pairs into a K-major (keys, d) tile: elements c, c + 1 (c even) are adjacent there, since the
-  // swizzle moves whole 16-byte chunks.
-  template <class Acc, class Coord, class SmemTile>
-  __device__ static void pairs_to_smem(const Acc& acc, const Coord& coord, SmemTile& s) {
+  // Accumulator column pairs, converted, into a shared tile (at(r, c): the address of its element r, c): elements
+  // c, c + 1 (c even) are adjacent there (the swizzles move whole 16-byte chunks; padded pitches keep rows whole).
+  template <class Acc, class Coord, class At>
+  __device__ static void pairs_to(const Acc& acc, const Coord& coord, At at) {
     CUTE_UNROLL
     for (int i = 0; i < size(acc); i += 2) {
       cutlass::Array<float, 2> pair;
       pair[0] = acc(i);
       pair[1] = acc(i + 1);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(&s(get<0>(coord(i)), get<1>(coord(i)))) =
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(at(get<0>(coord(i)), get<1>(coord(i)))) =
           cutlass::NumericArrayConverter<Element, float, 2>{}(pair);
     }
   }
 
-  // Rows [0, rows) of a (keys, d) shared tile to dst rows n0.. (row stride row_stride), columns below cols: 16-byte
-  // chunks where every row start is 16-byte aligned (dK/dV are the caller's tensors: any stride), else elements.
-  template <class SmemTile>
-  __device__ static void copy_rows(const SmemTile& s, Element* dst, int64_t row_stride, int n0, int rows, int cols,
-                                   int ctid) {
+  // Rows [0, rows) of a shared (rows, kHeadDim) tile (at(r, c): the address of its element r, c) to dst (row stride
+  // row_stride), columns below cols, by the consumers' threads: 16-byte chunks where dst and every row start are
+  // 16-byte aligned (dQ, dK and dV are the caller's tensors: any stride), else elements.
+  template <class At>
+  __device__ static void copy_rows(At at, Element* dst, int64_t row_stride, int rows, int cols, int ctid) {
     constexpr int kChunk = 16 / int(sizeof(Element));
     constexpr int kChunksPerRow = kHeadDim / kChunk;
     const bool chunks = cols % kChunk == 0 && row_stride % kChunk == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
@@ -82,13 +83,13 @@ struct BwdEpilogue {
       for (int i = ctid; i < rows * kChunksPerRow; i += kConsumerThreads) {
         const int r = i / kChunksPerRow, c = i % kChunksPerRow * kChunk;
         if (c < cols)
-          *reinterpret_cast<cute::uint128_t*>(dst + int64_t(n0 + r) * row_stride + c) =
-              *reinterpret_cast<const cute::uint128_t*>(&s(r, c));
+          *reinterpret_cast<cute::uint128_t*>(dst + int64_t(r) * row_stride + c) =
+              *reinterpret_cast<const cute::uint128_t*>(at(r, c));
       }
     } else {
       for (int i = ctid; i < rows * kHeadDim; i += kConsumerThreads) {
         const int r = i / kHeadDim, c = i % kHeadDim;
-        if (c < cols) dst[int64_t(n0 + r) * row_stride + c] = s(r, c);
+        if (c < cols) dst[int64_t(r) * row_stride + c] = *at(r, c);
       }
     }
   }
@@ -173,7 +174,6 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim, kWgThreads = Traits::kWgThreads;
-  constexpr int kThreads = Traits::kConsumerThreads;
   constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16-byte chunk
   // Row pitch padded by one chunk: the MMA layout's 8 rows x 4 column pairs of a warp then hit 32 distinct banks.
   constexpr int kPitch = kHeadDim + kChunk;
@@ -197,37 +197,14 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(co
     acc(i + 2) = v.z * p.scale;
     acc(i + 3) = v.w * p.scale;
   }
-  // Accumulator elements 2i, 2i + 1 are adjacent columns of one row.
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    cutlass::Array<float, 2> pair;
-    pair[0] = acc(i);
-    pair[1] = acc(i + 1);
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(&tile[get<0>(cQ(i)) * kPitch + get<1>(cQ(i))]) =
-        cutlass::NumericArrayConverter<Element, float, 2>{}(pair);
-  }
+  using Epilogue = BwdEpilogue<Traits>;
+  auto at = [&](int r, int c) { return &tile[r * kPitch + c]; };
+  Epilogue::pairs_to(acc, cQ, at);
   __syncthreads();
   const bool varlen = p.cu_seqlens_q != nullptr;
   Element* dq = static_cast<Element*>(p.dq) + (varlen ? int64_t(seq.q_start) * p.dq_row : int64_t(batch) * p.dq_batch) +
                 int64_t(head) * p.dq_head + int64_t(m0) * p.dq_row;
-  const int rows = min(kBlockM, seq.len_q - m0), cols = p.head_dim;
-  // 16-byte chunks where every row start is 16-byte aligned (dQ is the caller's tensor: any stride); else elements.
-  const bool chunks = cols % kChunk == 0 && p.dq_row % kChunk == 0 && p.dq_head % kChunk == 0 &&
-                      (varlen || p.dq_batch % kChunk == 0) && reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
-  if (chunks) {
-    constexpr int kChunksPerRow = kHeadDim / kChunk;
-    for (int i = ctid; i < rows * kChunksPerRow; i += kThreads) {
-      const int r = i / kChunksPerRow, c = i % kChunksPerRow * kChunk;
-      if (c < cols)
-        *reinterpret_cast<cute::uint128_t*>(dq + int64_t(r) * p.dq_row + c) =
-            *reinterpret_cast<const cute::uint128_t*>(&tile[r * kPitch + c]);
-    }
-  } else {
-    for (int i = ctid; i < rows * kHeadDim; i += kThreads) {
-      const int r = i / kHeadDim, c = i % kHeadDim;
-      if (c < cols) dq[int64_t(r) * p.dq_row + c] = tile[r * kPitch + c];
-    }
-  }
+  Epilogue::copy_rows(at, dq, p.dq_row, min(kBlockM, seq.len_q - m0), p.head_dim, ctid);
 }
 
 }  // namespace flashattn::cuda::sm90
