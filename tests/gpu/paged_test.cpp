@@ -156,6 +156,10 @@ TEST(Paged, EqualsContiguous) {
       with(make("sm90 d128 page 32 MHA q 130",       k90, 128,  32, 10, {320, 150}), 130, false, 0, 8),
       make("sm90 d64 page 16",                       k90,  64,  16, 30, {470, 2}),
       make("sm90 d64 page 128",                      k90,  64, 128,  4, {512, 100}),
+      // d64 causal without packing up to 1k keys: the narrow tiles (64-key blocks), each read path.
+      with(make("sm90 d64 page 16 MHA causal q 40 (narrow, row boxes)", k90, 64, 16, 30, {470, 40}), 40, true, 0, 8),
+      with(make("sm90 d64 page 64 MHA causal q 33 (narrow, block boxes)", k90, 64, 64, 8, {500, 33}), 33, true, 0, 8),
+      with(make("sm90 d64 page 3 MHA causal q 20 (narrow, rows)", k90, 64, 3, 120, {350, 20}), 20, true, 0, 8),
       make("sm90 d256 page 16",                      k90, 256,  16, 20, {300, 81}),
       with(make("sm90 d256 page 7 causal q 3",       k90, 256,   7, 50, {330, 20}), 3, true),
       with(make("sm90 d64 page 5 splits 4",          k90,  64,   5, 80, {390, 6}), 1, false, 4),
@@ -189,6 +193,7 @@ TEST(PagedSanitizer, ReadPaths) {
       with(make("sm90 rows splits 3", k90, 128, 5, 60, {256, 40}), 1, false, 3),
       make("sm90 rows page 3", k90, 128, 3, 40, {100, 0}),
       make("sm90 rows d256 page 1", k90, 256, 1, 100, {90, 7}),
+      with(make("sm90 narrow row boxes", k90, 64, 16, 12, {190, 30}), 30, true, 0, 8),
       make("sm80 gathered", k80, 64, 16, 8, {128, 9}),
   };
   run_cases(cases, 101);
