@@ -157,12 +157,8 @@ struct FwdTraits {
   static constexpr int kThreads = kConsumerThreads + kWgThreads;  // + the producer warpgroup
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K steps are 16 elements");
 
-  // Register split (setmaxnreg): the producer keeps the minimum (24); the consumers share the rest of the
-  // 64K-register file, rounded down to the multiple of 8 setmaxnreg takes and capped at 240. The registers the
-  // producer gives back are all the consumers get: the CTA launches with 168 per thread (two consumer
-  // warpgroups), and 240 for them leaves exactly 24 for the producer (with 32 the consumers' setmaxnreg waited
-  // forever).
-  // (kCtasPerSm and the split itself follow SharedStorage, which decides how many CTAs an SM holds.)
+  // Register split (setmaxnreg): the producer keeps the minimum; the consumers' share (kConsumerRegs) follows
+  // SharedStorage, which decides how many CTAs an SM holds.
   static constexpr int kProducerRegs = 24;
 
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
@@ -220,8 +216,9 @@ struct FwdTraits {
   static_assert(kCtasPerSm >= 1);
   // A CTA launches with the registers per thread that kCtasPerSm CTAs leave (a multiple of 8, the allocation
   // unit); setmaxnreg only moves registers between its warpgroups, so the consumers get what that pool holds beyond
-  // the producer's 24 (three CTAs of 256 threads: 80 each at launch, 136 for the consumers; a larger request would
-  // wait forever).
+  // the producer's 24, rounded down to a multiple of 8 and capped at 240. A larger request waits forever (with 32
+  // for the producer it did). One CTA of two consumer warpgroups: 168 each at launch, 240 for the consumers; three
+  // CTAs of one: 80 at launch, 136.
   static constexpr int kLaunchRegs = 64 * 1024 / (kCtasPerSm * kThreads) / 8 * 8;
   static constexpr int kRegisterFile = kLaunchRegs * kThreads;
   static constexpr int kConsumerRegsRaw = (kRegisterFile - kProducerRegs * kWgThreads) / kConsumerThreads / 8 * 8;
