@@ -69,17 +69,22 @@ def backend_name(q, backend="auto") -> str:
     return _C.backend_name(q, backend_code(backend))
 
 
+def _in_range(name, value, lo, hi):
+    """value, with the argument's rule where it lies outside [lo, hi] (nanobind would say only "incompatible
+    function arguments")."""
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}: must be in [{lo}, {hi}] (got {value})")
+    return value
+
+
 def window_pair(window_size):
     """(left, right) from flash_attn's window_size; -1 is an unbounded side. Out-of-range sides get the argument's
     rule here, not nanobind's bare "incompatible function arguments" (the core then checks them against -1)."""
     # No try/except: torch.compile traces this on every call of the flash_attn functions.
     if (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and
             not any(w is None or isinstance(w, (str, bytes)) for w in window_size)):
-        left, right = int(window_size[0]), int(window_size[1])
-        for value in (left, right):
-            if not -(2**63) <= value <= 2**63 - 1:
-                raise ValueError(f"window_size: must be in [{-(2**63)}, {2**63 - 1}] (got {value})")
-        return left, right
+        return (_in_range("window_size", int(window_size[0]), -(2**63), 2**63 - 1),
+                _in_range("window_size", int(window_size[1]), -(2**63), 2**63 - 1))
     raise ValueError(f"window_size: must be a pair (left, right) of ints, -1 = unbounded (got {window_size!r})")
 
 
@@ -156,9 +161,7 @@ def _lse_shape(q, varlen):
 def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
             causal_alignment, window_size, softcap, alibi_slopes, dropout_p, backend, num_threads, stream):
     left, right = window_pair(window_size)
-    # Out-of-range integers get the argument's rule here, not nanobind's bare "incompatible function arguments".
-    if not 0 <= int(num_threads) <= 2**31 - 1:
-        raise ValueError(f"num_threads: must be in [0, {2**31 - 1}] (got {int(num_threads)})")
+    _in_range("num_threads", int(num_threads), 0, 2**31 - 1)
     return dict(
         cu_seqlens_q=_export(cu_seqlens_q),
         cu_seqlens_k=_export(cu_seqlens_k),
