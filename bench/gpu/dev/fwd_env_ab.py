@@ -1,10 +1,11 @@
 """One forward variant against another in one process, through an environment switch that an ablation build reads at
 every call (e.g. FLASHATTN_SM90_MECHANISMS=late_q_release: bf16 d128 takes that ablation kernel; "" the default one),
 cuDNN (SDPA) beside them. bf16, batch * seqlen = 16k tokens, heads = 2048 / d, triton do_bench medians; FLOPs
-4 B H S^2 D, halved when causal. Each value is timed twice, in the order given and reversed.
+4 B H S^2 D, halved when causal. Each value is timed twice, in the order given and reversed. --fp8: ours takes
+float8_e4m3fn q/k/v (flashattn.quantize_fp8 of the same bf16 values, per-(batch, head) factors); cuDNN stays bf16.
 
     PYTHONPATH=<package root> python3 bench/gpu/dev/fwd_env_ab.py --env NAME --values a,b [--hdims 128]
-                                      [--seqlens 512,...] [--csv F]
+                                      [--seqlens 512,...] [--fp8] [--csv F]
 """
 import argparse
 import csv
@@ -18,7 +19,7 @@ from triton.testing import do_bench
 import flashattn
 
 
-def measure(d, causal, s, env, values, both_orders=True):
+def measure(d, causal, s, env, values, both_orders=True, fp8=False):
     """One shape (bf16, 16k tokens, heads 2048 / d): cuDNN's TFLOP/s, each value's TFLOP/s (a list: the given order,
     then with both_orders the reversed one) and the largest |ours - cuDNN| over every run ("NONFINITE" appended if any
     output was not finite)."""
@@ -35,9 +36,16 @@ def measure(d, causal, s, env, values, both_orders=True):
     cudnn_tf = flops / do_bench(cudnn, warmup=50, rep=200, return_mode="median") / 1e9
     runs = {val: [] for val in values}
     diff, finite = 0.0, True
+    if fp8:
+        (q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t) for t in (q, k, v))
+
+        def fn():
+            return flashattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        def fn():
+            return flashattn.flash_attn_func(q, k, v, causal=causal)
     for val in list(values) + (list(values)[::-1] if both_orders else []):
         os.environ[env] = val
-        fn = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
         out = fn().float()
         diff = max(diff, float((out - ref).abs().max()))
         finite = finite and bool(torch.isfinite(out).all())
@@ -61,6 +69,7 @@ def main():
     ap.add_argument("--values", required=True, help="comma-separated; an empty item sets the variable to ''")
     ap.add_argument("--hdims", default="128")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--fp8", action="store_true", help="ours on float8_e4m3fn inputs")
     ap.add_argument("--csv", default="")
     a = ap.parse_args()
     values = a.values.split(",")
@@ -70,7 +79,7 @@ def main():
     for d in (int(x) for x in a.hdims.split(",")):
         for causal in (False, True):
             for s in (int(x) for x in a.seqlens.split(",")):
-                cudnn_tf, runs, diff = measure(d, causal, s, a.env, values)
+                cudnn_tf, runs, diff = measure(d, causal, s, a.env, values, fp8=a.fp8)
                 row = dict(hdim=d, causal=int(causal), seqlen=s, batch=16384 // s, heads=2048 // d,
                            cudnn=f"{cudnn_tf:.1f}")
                 for val in values:
