@@ -187,9 +187,26 @@ __device__ __forceinline__ float quad_reduce(float x, Op op) {
   return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+// a[0] = op over a[0..N) as a tree (N a power of two): log2(N) dependent steps instead of N - 1.
+template <int N, class Op>
+__device__ __forceinline__ float tree_reduce(float (&a)[N], Op op) {
+  static_assert((N & (N - 1)) == 0, "a power of two");
+  CUTE_UNROLL
+  for (int w = N / 2; w > 0; w /= 2) {
+    CUTE_UNROLL
+    for (int i = 0; i < w; ++i) a[i] = op(a[i], a[i + w]);
+  }
+  return a[0];
+}
+
 // Running max and sum of each accumulator row a thread holds. Scores stay unscaled until exponentiated:
 // p = exp2(s * scale_log2 - max * scale_log2), one FFMA and one MUFU.EX2 per score.
-template <int kRows>
+// kPartials: each row's max and sum go through that many independent partials (column c into c % kPartials), then a
+// tree. One chain per row puts kCols dependent FMNMX / FADD (about 4 cycles each) on the softmax's path, which in
+// the sm90 kernel is the ping-pong's critical path (ncu of d128 at 4k: stalls on fixed-latency dependencies 1.9
+// cycles per issued instruction against cuDNN's 0.9; four partials: +0.2-1.8 % at d128 1k-16k against one chain,
+// bench/results/2026-12-03_h200_session26/README.md runs 3 and 4).
+template <int kRows, int kPartials = 4>
 struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];  // this thread's partial sums; reduced over the quad once, in finish()
@@ -208,13 +225,19 @@ struct OnlineSoftmax {
   // Split from the rescale so that a kernel can exponentiate while an MMA still accumulates into O.
   template <bool kFirst, class S>
   __device__ bool exponentiate(S& s, float scale_log2, float (&correction)[kRows]) {
+    constexpr int kCols = decltype(cute::size<1>(s))::value;
+    constexpr int kP = kCols % kPartials == 0 ? kPartials : 1;
+    const auto max_op = [](float a, float b) { return fmaxf(a, b); };
     bool changed = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
+      float part[kP];
       CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      m = quad_reduce(m, [](float a, float b) { return fmaxf(a, b); });
+      for (int i = 0; i < kP; ++i) part[i] = s(r, i);
+      CUTE_UNROLL
+      for (int c = kP; c < kCols; ++c) part[c % kP] = fmaxf(part[c % kP], s(r, c));
+      float m = fmaxf(row_max[r], tree_reduce(part, max_op));
+      m = quad_reduce(m, max_op);
       // A row with nothing visible so far keeps max -inf; offsetting by 0 then keeps exp2(-inf) = 0 (not NaN).
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
       correction[r] = 1.f;
@@ -224,14 +247,15 @@ struct OnlineSoftmax {
         changed |= m != row_max[r];
       }
       row_max[r] = m;
-      float sum = 0.f;
       CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(s); ++c) {
+      for (int i = 0; i < kP; ++i) part[i] = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
         const float e = fast_exp2(s(r, c) * scale_log2 - m_scaled);
         s(r, c) = e;
-        sum += e;
+        part[c % kP] += e;
       }
-      row_sum[r] += sum;
+      row_sum[r] += tree_reduce(part, [](float a, float b) { return a + b; });
     }
     return !kFirst && __any_sync(0xffffffffu, changed);
   }

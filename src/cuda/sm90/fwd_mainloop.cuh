@@ -114,7 +114,7 @@ struct FwdMainloop {
     return partition_fragment_C(typename Traits::TiledMmaPV{}, Shape<Int<kWgRows>, Int<kHeadDim>>{});
   }
   static constexpr int kRowsPerThread = decltype(size<0>(rows_cols(typename AccO::layout_type{})))::value;
-  using Softmax = OnlineSoftmax<kRowsPerThread>;
+  using Softmax = OnlineSoftmax<kRowsPerThread, Mech::kRowPartials>;
   // The probability slot's policy, sized by the score fragment ((rows, cols) per thread).
   using AccS = decltype(partition_fragment_C(typename Traits::TiledMmaQK{}, Shape<Int<kWgRows>, Int<kBlockN>>{}));
   static constexpr int kScoreCols = decltype(size<1>(rows_cols(typename AccS::layout_type{})))::value;

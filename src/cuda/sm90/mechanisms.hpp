@@ -7,12 +7,13 @@ namespace flashattn::cuda::sm90 {
 
 // Named switches of the kernel's mechanisms. The default kernel has every one on; the ablation build
 // (FLASHATTN_SM90_ABLATIONS) instantiates the kernel with one of them off to measure what it is worth.
-struct NoPingpong {};        // consumer warpgroups issue their GEMMs unordered
-struct NoIntraWgOverlap {};  // softmax waits for the block's GEMMs (S, then P.V) to finish
-struct NotPersistent {};     // one CTA per tile instead of one per SM walking the tiles
-struct SmemEpilogue {};      // O always leaves through shared memory (stmatrix + TMA store / vector stores)
-struct LateQRelease {};      // the next tile's Q load waits for this tile's last P.V, not its last Q.K^T
-struct NoIdleSkip {};        // a packed warpgroup whose rows all lie past the sequence still runs its GEMMs
+struct NoPingpong {};           // consumer warpgroups issue their GEMMs unordered
+struct NoIntraWgOverlap {};     // softmax waits for the block's GEMMs (S, then P.V) to finish
+struct NotPersistent {};        // one CTA per tile instead of one per SM walking the tiles
+struct SmemEpilogue {};         // O always leaves through shared memory (stmatrix + TMA store / vector stores)
+struct LateQRelease {};         // the next tile's Q load waits for this tile's last P.V, not its last Q.K^T
+struct NoIdleSkip {};           // a packed warpgroup whose rows all lie past the sequence still runs its GEMMs
+struct SerialRowReductions {};  // the softmax's row max and row sum as one dependent chain per row
 template <int N>
 struct KvStages {};  // K/V pipeline depth instead of the tile table's
 template <int N>
@@ -35,6 +36,7 @@ struct Mechanisms {
   static constexpr bool kDirectEpilogue = !(false || ... || std::is_same_v<Options, SmemEpilogue>);
   static constexpr bool kEarlyQRelease = !(false || ... || std::is_same_v<Options, LateQRelease>);
   static constexpr bool kIdleSkip = !(false || ... || std::is_same_v<Options, NoIdleSkip>);
+  static constexpr int kRowPartials = (false || ... || std::is_same_v<Options, SerialRowReductions>) ? 1 : 4;
   static constexpr int kStages = (0 + ... + StagesOf<Options>::value);  // 0: the tile table's depth
   static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
 };
