@@ -2,8 +2,8 @@
 # The sm90 forward beside cuDNN's under Nsight Compute, in one device call: the small build of sm90_bwd_loop.sh (ci
 # kernels, sm90 head dims DEV_HDIMS (default "64;128"), the Python package; no tests), then one ncu report (--set
 # full) of our forward kernel and cuDNN's per shape of DEV_FWD_NCU (fwd_once.py makes each call twice: the second is
-# the warm one), their headline metrics, and per kernel the instruction mix (SASS opcodes executed, from the source
-# page) so that instructions per tile can be compared.
+# the warm one), their headline metrics, and every metric as CSV (ncu_fwd_raw.csv: instructions, pipe utilisation,
+# stall reasons per kernel).
 # usage: bench/gpu/dev/fwd_ncu.sh OUTDIR   (DEV_FWD_NCU, default "d128c4096 d128n4096 d64c1024")
 set -uo pipefail
 OUT=$1
