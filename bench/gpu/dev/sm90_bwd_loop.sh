@@ -2,7 +2,8 @@
 # Development loop for the sm90 backward on the GPU machine (not the record harness, run.sh): a small build
 # (FLASHATTN_KERNELS=ci plus the sm90 head dims 64 and 128), the backward GPU suite's cases for both families,
 # compute-sanitizer memcheck/racecheck on the sm90 backward's sanitizer cases, then bwd_vs_cudnn.py.
-# usage: bench/gpu/dev/sm90_bwd_loop.sh OUTDIR [gtest filter]
+# usage: bench/gpu/dev/sm90_bwd_loop.sh OUTDIR [gtest filter]   (filter "none": build and package only, no tests
+# and no sanitizers; the profiling and benchmark loops build through it)
 # DEV_HDIMS: the sm90 head dims (default "64;128"); DEV_SAN_FILTER: the sanitizers' gtest filter; DEV_PYTHON=OFF:
 # no Python extension and no benchmark (a C++-only check, e.g. of the forward's load paths); DEV_TARGET: build only it;
 # DEV_BWD_BENCH=0: no backward benchmark; DEV_GTEST_S: the GPU suite's timeout (default 200 s), DEV_SAN_S each
@@ -39,10 +40,12 @@ echo "build $(( $(date +%s) - t0 )) s"
 grep -E "spill|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | head -5
 BIN=$(find "$W/build" -name 'flashattn_gpu_tests' -type f | head -1)
 [[ -n $BIN ]] || BIN=$(find "$W/build" -name '*gpu*test*' -type f -executable | head -1)
-echo "tests: $BIN"
-FLASHATTN_REQUIRE_SM90=1 timeout "${DEV_GTEST_S:-200}" "$BIN" --gtest_filter="$FILTER" >"$OUT/gtest.log" 2>&1
-echo "gtest rc $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" "$OUT/gtest.log" | head -40
-if [[ ${DEV_BWD_SANITIZE:-1} == 1 ]]; then
+if [[ $FILTER != none ]]; then
+  echo "tests: $BIN"
+  FLASHATTN_REQUIRE_SM90=1 timeout "${DEV_GTEST_S:-200}" "$BIN" --gtest_filter="$FILTER" >"$OUT/gtest.log" 2>&1
+  echo "gtest rc $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" "$OUT/gtest.log" | head -40
+fi
+if [[ $FILTER != none && ${DEV_BWD_SANITIZE:-1} == 1 ]]; then
   for tool in memcheck racecheck; do
     timeout "${DEV_SAN_S:-90}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter="${DEV_SAN_FILTER:-Sanitizer*sm90_bwd_d64*:Sanitizer*sm90_bwd_d128*:Sanitizer*sm90_bwd_varlen_window_gqa*}" >"$OUT/san_$tool.log" 2>&1
     echo "sanitizer $tool rc $?"; grep -E "ERROR SUMMARY|Hazard|Invalid" "$OUT/san_$tool.log" | head -5
