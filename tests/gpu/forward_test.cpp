@@ -534,6 +534,13 @@ std::vector<Case> sanitizer_cases() {
       c.name = "d" + std::to_string(d) + (causal ? "_causal" : "_full") + "_past_short"; v.push_back(c);
     }
   }
+  // Several tiles per persistent CTA (600 tiles on 132 SMs): each Q buffer of the two-buffer kernels (d64 wide, d128
+  // short and windowed; sm90/fwd_traits.cuh kQStages) is released and reloaded, with its index and phase hand-offs.
+  for (int64_t d : {64, 128}) {
+    Case c; c.sq = 130, c.sk = 70, c.hq = c.hkv = d == 64 ? 600 : 300, c.d = c.dv = d;
+    c.name = "d" + std::to_string(d) + "_many_tiles"; v.push_back(c);
+    if (d == 128) { c.name = "d128_many_tiles_causal"; c.causal = true; v.push_back(c); }
+  }
   // A head dim below the compiled one (200 in the d256 kernel, the Padded kernel variant): its column-predicated
   // loads and stores must stay inside the tensors.
   Case pad; pad.sq = 130, pad.sk = 70, pad.d = pad.dv = 200; pad.name = "d200_padded"; v.push_back(pad);

@@ -25,8 +25,8 @@ namespace flashattn::cuda::sm90 {
 #include "sm90_bwd_kernels.inc"
 #undef FA_SM90_BWD
 
-#define FA_SM90_ABLATION(name, ...)                                                    \
-  extern template cudaError_t launch_fwd<FA_BFLOAT16, 128, false, false, __VA_ARGS__>( \
+#define FA_SM90_ABLATION(name, hdim, ...)                                               \
+  extern template cudaError_t launch_fwd<FA_BFLOAT16, hdim, false, false, __VA_ARGS__>( \
       const FwdParams&, const FwdPlan&, int*, cudaStream_t);
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
@@ -35,28 +35,30 @@ namespace {
 
 using Launch = cudaError_t (*)(const FwdParams&, const FwdPlan&, int*, cudaStream_t);
 
-// Ablation builds (FLASHATTN_SM90_ABLATIONS): FLASHATTN_SM90_MECHANISMS=<variant> makes bf16 d128 forwards without
-// softcap/ALiBi/dropout, packed or not, run that variant of the kernel (one mechanism changed), read at every call so
-// that a benchmark can switch between variants in one process. Empty in default builds.
+// Ablation builds (FLASHATTN_SM90_ABLATIONS): FLASHATTN_SM90_MECHANISMS=<variant> makes bf16 forwards of the
+// variant's head dim (d128 unless named) without softcap/ALiBi/dropout, packed or not, run that variant of the kernel
+// (one mechanism changed), read at every call so that a benchmark can switch between variants in one process. Empty
+// in default builds.
 struct Ablation {
   const char* name;
+  int head_dim;
   Launch launch;
 };
 const Ablation kAblations[] = {
-#define FA_SM90_ABLATION(name, ...) {#name, &launch_fwd<FA_BFLOAT16, 128, false, false, __VA_ARGS__>},
+#define FA_SM90_ABLATION(name, hdim, ...) {#name, hdim, &launch_fwd<FA_BFLOAT16, hdim, false, false, __VA_ARGS__>},
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
-    {nullptr, nullptr}};
+    {nullptr, 0, nullptr}};
 
-// The plans the default table serves with its plain bf16 d128 kernel (packed GQA included: decode takes it).
+// The plans the default table serves with its plain bf16 kernel of the variant's head dim (packed GQA included:
+// decode takes it).
 Launch ablation_launch(const detail::Problem& p, const FwdPlan& plan) {
-  if (kAblations[0].name == nullptr || p.dtype != FA_BFLOAT16 || plan.head_dim != 128 || plan.variant.score_mods ||
-      plan.variant.dropout)
+  if (kAblations[0].name == nullptr || p.dtype != FA_BFLOAT16 || plan.variant.score_mods || plan.variant.dropout)
     return nullptr;
   const char* want = std::getenv("FLASHATTN_SM90_MECHANISMS");
   if (want == nullptr) return nullptr;
   for (const Ablation& a : kAblations)
-    if (a.name != nullptr && std::strcmp(a.name, want) == 0) return a.launch;
+    if (a.name != nullptr && a.head_dim == plan.head_dim && std::strcmp(a.name, want) == 0) return a.launch;
   return nullptr;
 }
 

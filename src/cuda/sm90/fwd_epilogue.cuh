@@ -28,12 +28,23 @@ struct FwdEpilogue {
   static constexpr bool kDirectO = !Traits::kSeparateO && Mech::kDirectEpilogue && !kPackGQA && kHeadDim <= 128;
   // Whether O is staged in Q's space: the Q space is then released only after the stores have read it.
   static constexpr bool kOInQSpace = !Traits::kSeparateO && !kDirectO;
+  // O in its own tile: the thread that issued a warpgroup's TMA store waits for it to have read the tile only when
+  // the tile is written again (the next store) or the CTA exits (drain), not right after the issue, where its warp,
+  // and with it the warpgroup's next wgmma, would stall (FlashAttention-3 lets all but one warp go on). O staged in
+  // Q's space must be read before the Q space is released, right away.
+  static constexpr bool kLateStoreWait = Traits::kSeparateO && Traits::Mech::kLateStoreWait;
 
   // The (row, column) in the warpgroup's O tile of each accumulator element thread `tid` holds, viewed (rows, cols).
   __device__ static auto acc_coords(int tid) {
     typename Traits::TiledMmaPV mma_pv;
     Tensor cO = mma_pv.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kWgRows>, Int<kHeadDim>>{}));
     return make_tensor(cO.data(), rows_cols(cO.layout()));
+  }
+
+  // Before the CTA exits: the last store has read its tile (kLateStoreWait).
+  __device__ static void drain(int tid) {
+    if constexpr (kLateStoreWait)
+      if (tid == 0) tma_store_wait<0>();
   }
 
   // The sink logit of each accumulator row a thread holds: its query head's (rows of a packed tile are of several
@@ -102,6 +113,8 @@ struct FwdEpilogue {
 
     if constexpr (!kDirectO) {
       // The previous tile's store has finished reading this warpgroup's O tile (its issuing thread waited).
+      if constexpr (kLateStoreWait)
+        if (tid == 0) tma_store_wait<0>();
       cutlass::arch::NamedBarrier::sync(kWgThreads, Barrier::kEpilogueBase + wg);
       // stmatrix: each warp writes 8x8 sub-tiles of its accumulator rows, 16 bytes per lane per matrix, instead
       // of one 2-byte store per value.
@@ -169,7 +182,7 @@ struct FwdEpilogue {
         Tensor tOs = get<1>(o_parts);
         copy(kp.tma_o, tOs, tOg(_, t.m_block * kWGs + wg));
         tma_store_arrive();
-        tma_store_wait<0>();
+        if constexpr (!kLateStoreWait) tma_store_wait<0>();
       }
     } else if constexpr (!kPackGQA) {
       // A box would write past the end of this sequence into the next one's rows: predicated vector stores.

@@ -5,7 +5,7 @@
 //                       P.V, with ping-pong and intra-warpgroup overlap
 //   fwd_epilogue.cuh    normalised O and LSE to global memory (direct, TMA, varlen, packed-GQA stores)
 // This file only orchestrates: shared storage and pipelines, the role split (setmaxnreg), the tile loop, and
-// the Q-space hand-off between the epilogue and the next tile's Q load. Masks (causal both alignments, window),
+// the Q buffers' hand-off between the consumers and the next tiles' Q loads. Masks (causal both alignments, window),
 // softcap, ALiBi, GQA, varlen and seqused_k use the policies shared with the sm80 kernel
 // (src/cuda/common/fwd_policies.cuh). Head dims below the compiled one: the TMA boxes are zero filled past the
 // tensor's real head dim, and the stores are clipped (TMA) or predicated.
@@ -51,7 +51,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       prefetch_tma_descriptor(kp.tma_k_page.get_tma_descriptor());
       prefetch_tma_descriptor(kp.tma_v_page.get_tma_descriptor());
     }
-    ss.barrier_q.init(1);
+    CUTE_UNROLL
+    for (int s = 0; s < Traits::kQStages; ++s) {
+      ss.barrier_q[s].init(1);
+      ss.empty_q[s].init(Traits::kConsumerThreads);
+    }
   }
   // A K/V stage is full when its TMA bytes have landed (the leader's arrival announces them; with row boxes each
   // producer warp's lane 0 announces its own), or, for paged rows gathered with cp.async (Load::load_rows), when each
@@ -100,9 +104,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   const int tid = int(threadIdx.x) % Traits::kWgThreads;
   Mainloop mainloop(ss, pipe_k, pipe_v, wg, tid);
   mainloop.pingpong.prime();
-  int q_phase = 0;
+  QRing ring{0, Load::q_stages(p)};
   for (;;) {
-    const int idx = next_published_tile(ss, q_phase);
+    int q_stage;
+    const int idx = next_published_tile(ss, ring, q_stage);
     if (idx >= sched.count()) break;
     const Tile tile(p, sched.tile(idx));
 
@@ -117,10 +122,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     // has read it (kEarlyQRelease; LateQRelease: after the last P.V): the next Q then lands under the last P.V and
     // the epilogue instead of after them.
     constexpr bool kEarlyQ = Traits::Mech::kEarlyQRelease && !Epilogue::kOInQSpace;
-    mainloop.run(p, tile, tOrO, softmax, p.scale_log2 * logit_qk, factors.qk, [] {
-      if constexpr (kEarlyQ) Load::release_q_space();
+    mainloop.run(p, tile, q_stage, tOrO, softmax, p.scale_log2 * logit_qk, factors.qk, [&] {
+      if constexpr (kEarlyQ) Load::release_q_space(ss, q_stage);
     });
-    if constexpr (!kEarlyQ && !Epilogue::kOInQSpace) Load::release_q_space();
+    if constexpr (!kEarlyQ && !Epilogue::kOInQSpace) Load::release_q_space(ss, q_stage);
 
     float lse[Mainloop::kRowsPerThread], sink[Mainloop::kRowsPerThread];
     Tensor o_rc = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
@@ -132,9 +137,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     if constexpr (Epilogue::kOInQSpace) {
       // O lived in this warpgroup's Q rows: the next Q may be loaded once every warpgroup's stores have read it.
       cutlass::arch::fence_view_async_shared();
-      Load::release_q_space();
+      Load::release_q_space(ss, q_stage);
     }
   }
+  Epilogue::drain(tid);
   mainloop.pingpong.drain();
 }
 

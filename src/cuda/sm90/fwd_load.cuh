@@ -38,12 +38,33 @@ struct FwdLoad {
   __device__ static bool shares_blocks(const FwdParams& p) {
     return p.paged_rows || (p.block_table != nullptr && p.paged_box_rows == kPageBoxRows);
   }
+  // Q buffers: the kernel's, but one for packed tiles (their consumers gather Q themselves: no load latency to
+  // hide). A call walks one with paged rows or row boxes too: warps 1-3 follow warp 0's publications (follow) and
+  // must not fall a phase of barrier_q behind; with one buffer warp 0 publishes the next tile only after the
+  // consumers released this one, which in turn needed these warps' share of its blocks.
+  static constexpr int kQStages = kPackGQA ? 1 : Traits::kQStages;
+  __device__ static int q_stages(const FwdParams& p) { return kQStages > 1 && !shares_blocks(p) ? kQStages : 1; }
   static constexpr int kQSpaceThreads = Traits::kConsumerThreads + kProducerWarpThreads;
 
-  // Q-space protocol (the producer warp and every consumer thread): the consumers release the space of a tile's Q
-  // (and of O where O is staged there) once nothing reads it; the producer waits for that before the next Q load.
-  __device__ static void release_q_space() { cutlass::arch::NamedBarrier::arrive(kQSpaceThreads, Barrier::kQFree); }
-  __device__ static void wait_q_space() { cutlass::arch::NamedBarrier::sync(kQSpaceThreads, Barrier::kQFree); }
+  // Q-space protocol (the producer warp and every consumer thread): the consumers release a Q buffer (and O's
+  // space where O is staged there) once nothing reads it; the producer waits for that before it loads the buffer
+  // again. One buffer: a named barrier, each arrive matched by the producer's sync before the next publication or in
+  // finish (the protocol of the one-buffer kernels as they were, which the SingleQ ablation keeps). Two: an mbarrier
+  // per buffer (a second named barrier would not fit beside CUTLASS's reserved ids).
+  template <class SharedStorage>
+  __device__ static void release_q_space(SharedStorage& ss, int stage) {
+    if constexpr (kQStages > 1)
+      ss.empty_q[stage].arrive();
+    else
+      cutlass::arch::NamedBarrier::arrive(kQSpaceThreads, Barrier::kQFree);
+  }
+  __device__ void wait_q_space() {
+    if (ring.count < ring.stages) return;  // the buffer's first tile
+    if constexpr (kQStages > 1)
+      ss.empty_q[ring.stage()].wait(ring.free_phase());
+    else
+      cutlass::arch::NamedBarrier::sync(kQSpaceThreads, Barrier::kQFree);
+  }
 
   const KernelParams<Traits>& kp;
   typename Traits::SharedStorage& ss;
@@ -53,11 +74,11 @@ struct FwdLoad {
   int warp;     // of the producer warpgroup: 0 issues everything but the row gathers, which all four share
   PipelineState k_write = cutlass::make_producer_start_state<Pipeline>();
   PipelineState v_write = cutlass::make_producer_start_state<Pipeline>();
-  bool first_tile = true;
+  QRing ring;  // the Q buffers this warp has published into
 
   __device__ FwdLoad(const KernelParams<Traits>& kp_, typename Traits::SharedStorage& ss_, Pipeline& k, Pipeline& v,
                      int warp_)
-      : kp(kp_), ss(ss_), pipe_k(k), pipe_v(v), leader(threadIdx.x == 0), warp(warp_) {}
+      : kp(kp_), ss(ss_), pipe_k(k), pipe_v(v), leader(threadIdx.x == 0), warp(warp_), ring{0, q_stages(kp_.p)} {}
 
   // Loads tile `idx` (skipping tiles without rows) and publishes it to the consumers with its Q load. The K/V
   // sources are separate walks so that each keeps only its own state live (the producer has 24 registers).
@@ -174,32 +195,38 @@ struct FwdLoad {
   }
 
   // The key blocks of one tile through load_k / load_v (each fills the next stage of its pipeline), and the tile's
-  // publication with its Q load. Blocks from the last to the first (the one partial block is masked first). K of
-  // the first block only waits for a free stage, so it streams in while the previous tile's epilogue still runs.
+  // publication with its Q load. Blocks from the last to the first (the one partial block is masked first). With one
+  // Q buffer, K of the first block goes first: it only waits for a free stage, so it streams in while the previous
+  // tile's last blocks still run, and the Q load waits for them to release the buffer. With two, the buffer was
+  // released a tile ago and Q goes first.
   template <class LoadK, class LoadV>
   __device__ void walk(const Tile& tile, int idx, int b, LoadK&& load_k, LoadV&& load_v) {
     const TileScheduler::Tile& t = tile.t;
     const BlockRange range = tile.range;
-    if (range.hi > range.lo) load_k(range.hi - 1);
-    if (!first_tile) wait_q_space();
-    first_tile = false;
+    const bool k_first = ring.stages == 1;
+    if (k_first && range.hi > range.lo) load_k(range.hi - 1);
+    wait_q_space();
+    const int stage = ring.stage();
+    ++ring.count;
     if (leader) {
-      publish_tile(ss.tile_idx, idx);
+      publish_tile(ss.tile_idx[stage], idx);
       if constexpr (kPackGQA) {
-        ss.barrier_q.arrive();  // packed rows are no TMA box: each consumer warpgroup gathers its own
+        ss.barrier_q[stage].arrive();  // packed rows are no TMA box: each consumer warpgroup gathers its own
       } else {
-        Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+        Tensor sQ = make_tensor(make_smem_ptr(ss.q.data() + stage * cosize_v<typename Traits::SmemLayoutQ>),
+                                typename Traits::SmemLayoutQ{});
         Tensor mQ =
             domain_offset(make_coord(tile.seq.q_start, _0{}), kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, t.head, b));
         Tensor gQ = local_tile(mQ, Shape<Int<kWgRows>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, d, m/64)
         auto q_parts = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-        ss.barrier_q.arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
+        ss.barrier_q[stage].arrive_and_expect_tx(Traits::kTileBytesQ * kWGs);
         CUTE_UNROLL
         for (int w = 0; w < kWGs; ++w)
-          copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q)), get<0>(q_parts)(_, t.m_block * kWGs + w),
-               get<1>(q_parts)(_, w));
+          copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q[stage])),
+               get<0>(q_parts)(_, t.m_block * kWGs + w), get<1>(q_parts)(_, w));
       }
     }
+    if (!k_first && range.hi > range.lo) load_k(range.hi - 1);
     rest_of_blocks(range, load_k, load_v);
   }
 
@@ -216,9 +243,10 @@ struct FwdLoad {
 
   // Warps 1-3 of the producer warpgroup with paged rows or row boxes (shares_blocks): each tile warp 0 publishes
   // (barrier_q, as the consumers see it), their share of its rows or boxes of K (and V, unless FP8 reads V by TMA) in
-  // warp 0's block order. They cannot miss a publication: warp 0 publishes the next tile only after the consumers
-  // released this one's Q space, which they do only after consuming every stage of this tile, which holds these
-  // warps' rows.
+  // warp 0's block order. They are not to miss a publication (q_stages: one Q buffer in this mode): warp 0 publishes
+  // the next tile only after the consumers released this one's Q space, after their last Q.K^T, which read these
+  // warps' rows of K. (A tile without key blocks is released at once; with two of them in a row a lagging warp
+  // could see barrier_q advance twice: not excluded by this protocol, see docs/journal/cuda.md, session 27.)
   __device__ void follow(const TileScheduler& sched) {
     if (kp.p.paged_rows)
       follow_blocks<true>(sched);
@@ -232,9 +260,10 @@ struct FwdLoad {
     const FwdParams& p = kp.p;
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-    int q_phase = 0;
+    QRing follow_ring{0, 1};  // q_stages: one buffer whenever the followers run
     for (;;) {
-      const int idx = next_published_tile(ss, q_phase);
+      int stage;
+      const int idx = next_published_tile(ss, follow_ring, stage);
       if (idx >= sched.count()) break;
       const Tile tile(p, sched.tile(idx));
       const int kv_head = kPackGQA ? tile.t.head : tile.t.head / p.group;
@@ -385,14 +414,14 @@ struct FwdLoad {
     cutlass::arch::cpasync_barrier_arrive_noinc(pipe.producer_get_barrier(state));
   }
 
-  // After the last tile: matches the consumers' release of the last tile's Q space (every arrive has its sync),
-  // then tells them there is no further tile.
+  // After the last tile: tells the consumers (and followers) there is no further tile, through the next Q buffer
+  // once they have released it.
   __device__ void finish(const TileScheduler& sched) {
     if (kp.p.paged_rows) cp_async_wait<0>();  // no copy outlives its issuing lane
-    if (!first_tile) wait_q_space();
+    wait_q_space();
     if (leader) {
-      publish_tile(ss.tile_idx, sched.count());
-      ss.barrier_q.arrive();
+      publish_tile(ss.tile_idx[ring.stage()], sched.count());
+      ss.barrier_q[ring.stage()].arrive();
     }
   }
 

@@ -130,18 +130,20 @@ struct FwdMainloop {
   __device__ FwdMainloop(typename Traits::SharedStorage& ss_, Pipeline& k, Pipeline& v, int wg_, int tid_)
       : ss(ss_), pipe_k(k), pipe_v(v), pingpong{wg_}, wg(wg_), tid(tid_) {}
 
-  // The tile's key blocks into tOrO (cleared first) and softmax (fresh). Blocks run from the last to the first.
+  // The tile's key blocks into tOrO (cleared first) and softmax (fresh), its Q in buffer q_stage. Blocks run from
+  // the last to the first.
   // scale_log2: the logits' factor in base 2 (FwdParams::scale_log2, times FP8's q_descale * k_descale `qk` where
   // the factor is not inside softcap's tanh). q_done() is called exactly once, as soon as this warpgroup's Q is no
   // longer read: after the last Q.K^T has completed (before the last P.V), or at once for an empty range.
   template <class QDone>
-  __device__ void run(const FwdParams& p, const Tile& tile, AccO& tOrO, Softmax& softmax, float scale_log2, float qk,
-                      QDone&& q_done) {
+  __device__ void run(const FwdParams& p, const Tile& tile, int q_stage, AccO& tOrO, Softmax& softmax, float scale_log2,
+                      float qk, QDone&& q_done) {
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(tid);
     auto thr_pv = mma_pv.get_thread_slice(tid);
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data() + q_stage * cosize_v<typename Traits::SmemLayoutQ>),
+                            typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});

@@ -192,19 +192,35 @@ struct FwdTraits {
   static constexpr bool kSeparateO = kMainSmemBytes + kConsumerWGs * kTileBytesO + kBarrierSlack <= kMaxSmemBytes;
   static_assert(kSeparateO || sizeof(OutElement) == sizeof(Element), "O is staged in Q's space only at Q's size");
   static constexpr int kSmemO = kSeparateO ? int(cosize_v<SmemLayoutO>) : 1;
+  // Q buffers (Mech::kDoubleQ): two where a second fits beside a separate O tile, in entries of one CTA per SM. The
+  // producer then loads a tile's Q as soon as the tile two back has released its buffer, a whole tile ahead, so the
+  // consumers start the next tile without waiting for its Q (one buffer: the load waits for this tile's last Q.K^T
+  // and its HBM latency, about 1 us, sits between the tiles; docs/journal/studies/sm90_fwd_short_sequences.md).
+  // H200 bf16 against one buffer (the SingleQ ablation) in one process: d128 +0.6-6 % at 512-4k, d64 without a
+  // window +8 % at 512, +0.4-2 % at 1k-2k (bench/results/2026-12-03_h200_session27/README.md, run 3).
+  // Entries of several CTAs per SM hide a tile boundary under the other CTAs' GEMMs instead, and their shared
+  // memory is divided (decode's two CTAs would no longer fit). One buffer where O is staged in Q's space, and for
+  // FP8 (not measured with two).
+  static constexpr int kSmemQBytes = int(sizeof(Element)) * int(cosize_v<SmemLayoutQ>);
+  static constexpr int kQStages =
+      Mech::kDoubleQ && !kFp8 && kSeparateO && kTiles.ctas_per_sm == 1 &&
+              kMainSmemBytes + kSmemQBytes + kConsumerWGs * kTileBytesO + kBarrierSlack + 8 * kBlockN <= kMaxSmemBytes
+          ? 2
+          : 1;
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
   struct SharedStorage {
-    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ> * kQStages, 1024> q;  // kQStages buffers of SmemLayoutQ
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<OutElement, kSmemO, 1024> o;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
-    cutlass::arch::ClusterTransactionBarrier barrier_q;
-    int tile_idx;                // the tile whose Q load barrier_q announces (count(): no more tiles)
+    cutlass::arch::ClusterTransactionBarrier barrier_q[kQStages];  // per Q buffer: its tile is published and loaded
+    cutlass::arch::ClusterBarrier empty_q[kQStages];  // two Q buffers: every consumer thread is done with one
+    int tile_idx[kQStages];      // the tile whose Q load barrier_q announces (count(): no more tiles)
     uint64_t row_addr[kBlockN];  // paged rows gathered by the producer warp: each row's address (FwdLoad::load_rows)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -281,7 +297,8 @@ struct KernelParams {
 // ------------------------------------------------------------------------------------------- helpers
 // Named barriers (ids above CUTLASS's reserved ones).
 enum Barrier : int {
-  kQFree = 0,          // consumers -> producer: the previous tile's Q (and, aliased, O) space may be reloaded
+  kQFree = 0,          // consumers -> producer: the previous tile's Q (and, aliased, O) space may be reloaded (one
+                       // Q buffer; with two, SharedStorage::empty_q)
   kSchedulerBase = 1,  // one per consumer warpgroup: its turn to issue GEMMs (ping-pong)
   kEpilogueBase = 4,   // one per consumer warpgroup: its O tile is complete in shared memory
   kVTail = 7,          // all consumers: the zeroed V rows past the keys of the partial block are in place
@@ -297,14 +314,27 @@ __device__ __forceinline__ void publish_tile(int& slot, int idx) {
   *reinterpret_cast<volatile int*>(&slot) = idx;
   asm volatile("" ::: "memory");
 }
-// The next tile published, as the consumers and the paged-load followers take it: barrier_q's next phase, then the
-// index (the scheduler's count after the last tile).
+// The Q buffers in the order the producer fills them, as each role walks them: tile k of the CTA (counting the
+// published ones, the past-the-end index included) goes to buffer k % stages, whose barrier_q completes its phase
+// (k / stages) % 2 for it. `stages` is a run-time value (FwdLoad::q_stages): 1 or the kernel's kQStages.
+struct QRing {
+  int count = 0;
+  int stages;
+  __device__ int stage() const { return stages == 1 ? 0 : count & 1; }
+  __device__ int phase() const { return (stages == 1 ? count : count >> 1) & 1; }
+  // empty_q[stage()]'s phase that frees the buffer for the next tile: the one the tile `stages` back completed.
+  __device__ int free_phase() const { return phase() ^ 1; }
+};
+
+// The next tile published, as the consumers and the paged-load followers take it: its buffer's barrier_q, then the
+// index (the scheduler's count after the last tile). Returns the buffer through `stage`.
 template <class SharedStorage>
-__device__ __forceinline__ int next_published_tile(SharedStorage& ss, int& q_phase) {
-  ss.barrier_q.wait(q_phase);
-  q_phase ^= 1;
+__device__ __forceinline__ int next_published_tile(SharedStorage& ss, QRing& ring, int& stage) {
+  stage = ring.stage();
+  ss.barrier_q[stage].wait(ring.phase());
+  ++ring.count;
   asm volatile("" ::: "memory");
-  return *reinterpret_cast<const volatile int*>(&ss.tile_idx);
+  return *reinterpret_cast<const volatile int*>(&ss.tile_idx[stage]);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -14,6 +14,8 @@ struct SmemEpilogue {};         // O always leaves through shared memory (stmatr
 struct LateQRelease {};         // the next tile's Q load waits for this tile's last P.V, not its last Q.K^T
 struct NoIdleSkip {};           // a packed warpgroup whose rows all lie past the sequence still runs its GEMMs
 struct SerialRowReductions {};  // the softmax's row max and row sum as one dependent chain per row
+struct EagerStoreWait {};       // a warpgroup's O store is waited for right after its issue, not before its next one
+struct SingleQ {};              // one Q buffer: the next tile's Q loads only once this tile's is released
 template <int N>
 struct KvStages {};  // K/V pipeline depth instead of the tile table's
 template <int N>
@@ -37,6 +39,8 @@ struct Mechanisms {
   static constexpr bool kEarlyQRelease = !(false || ... || std::is_same_v<Options, LateQRelease>);
   static constexpr bool kIdleSkip = !(false || ... || std::is_same_v<Options, NoIdleSkip>);
   static constexpr int kRowPartials = (false || ... || std::is_same_v<Options, SerialRowReductions>) ? 1 : 4;
+  static constexpr bool kLateStoreWait = !(false || ... || std::is_same_v<Options, EagerStoreWait>);
+  static constexpr bool kDoubleQ = !(false || ... || std::is_same_v<Options, SingleQ>);
   static constexpr int kStages = (0 + ... + StagesOf<Options>::value);  // 0: the tile table's depth
   static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
 };
