@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       ss.barrier_q[s].init(1);
       ss.empty_q[s].init(Traits::kConsumerThreads);
     }
+    ss.follow_ack.init(Load::kRowWarps - 1);
   }
   // A K/V stage is full when its TMA bytes have landed (the leader's arrival announces them; with row boxes each
   // producer warp's lane 0 announces its own), or, for paged rows gathered with cp.async (Load::load_rows), when each

@@ -39,9 +39,8 @@ struct FwdLoad {
     return p.paged_rows || (p.block_table != nullptr && p.paged_box_rows == kPageBoxRows);
   }
   // Q buffers: the kernel's, but one for packed tiles (their consumers gather Q themselves: no load latency to
-  // hide). A call walks one with paged rows or row boxes too: warps 1-3 follow warp 0's publications (follow) and
-  // must not fall a phase of barrier_q behind; with one buffer warp 0 publishes the next tile only after the
-  // consumers released this one, which in turn needed these warps' share of its blocks.
+  // hide), and one for calls with paged rows or row boxes, whose follower warps walk one (follow; two were not
+  // measured there).
   static constexpr int kQStages = kPackGQA ? 1 : Traits::kQStages;
   __device__ static int q_stages(const FwdParams& p) { return kQStages > 1 && !shares_blocks(p) ? kQStages : 1; }
   static constexpr int kQSpaceThreads = Traits::kConsumerThreads + kProducerWarpThreads;
@@ -57,6 +56,13 @@ struct FwdLoad {
       ss.empty_q[stage].arrive();
     else
       cutlass::arch::NamedBarrier::arrive(kQSpaceThreads, Barrier::kQFree);
+  }
+  // Paged rows and row boxes: warp 0 publishes a tile only once warps 1-3 have read the one before (follow), so
+  // that none of them misses a phase of barrier_q. Their shares of a tile's blocks do not order this by themselves: a
+  // tile without key blocks is released by the consumers at once, and two in a row could otherwise complete two
+  // phases while a follower still issues the tile before them.
+  __device__ void wait_followers() {
+    if (ring.count > 0 && shares_blocks(kp.p)) ss.follow_ack.wait((ring.count - 1) & 1);
   }
   __device__ void wait_q_space() {
     if (ring.count < ring.stages) return;  // the buffer's first tile
@@ -206,6 +212,7 @@ struct FwdLoad {
     const bool k_first = ring.stages == 1;
     if (k_first && range.hi > range.lo) load_k(range.hi - 1);
     wait_q_space();
+    wait_followers();
     const int stage = ring.stage();
     ++ring.count;
     if (leader) {
@@ -243,10 +250,8 @@ struct FwdLoad {
 
   // Warps 1-3 of the producer warpgroup with paged rows or row boxes (shares_blocks): each tile warp 0 publishes
   // (barrier_q, as the consumers see it), their share of its rows or boxes of K (and V, unless FP8 reads V by TMA) in
-  // warp 0's block order. They are not to miss a publication (q_stages: one Q buffer in this mode): warp 0 publishes
-  // the next tile only after the consumers released this one's Q space, after their last Q.K^T, which read these
-  // warps' rows of K. (A tile without key blocks is released at once; with two of them in a row a lagging warp
-  // could see barrier_q advance twice: not excluded by this protocol, see docs/journal/cuda.md, session 27.)
+  // warp 0's block order. Each acknowledges every publication it has read (follow_ack, wait_followers), so that warp 0
+  // never publishes over one they have not seen.
   __device__ void follow(const TileScheduler& sched) {
     if (kp.p.paged_rows)
       follow_blocks<true>(sched);
@@ -264,6 +269,8 @@ struct FwdLoad {
     for (;;) {
       int stage;
       const int idx = next_published_tile(ss, follow_ring, stage);
+      __syncwarp();  // every lane has read the index before warp 0 may overwrite it
+      if (lane_here() == 0) ss.follow_ack.arrive();
       if (idx >= sched.count()) break;
       const Tile tile(p, sched.tile(idx));
       const int kv_head = kPackGQA ? tile.t.head : tile.t.head / p.group;
@@ -419,6 +426,7 @@ struct FwdLoad {
   __device__ void finish(const TileScheduler& sched) {
     if (kp.p.paged_rows) cp_async_wait<0>();  // no copy outlives its issuing lane
     wait_q_space();
+    wait_followers();
     if (leader) {
       publish_tile(ss.tile_idx[ring.stage()], sched.count());
       ss.barrier_q[ring.stage()].arrive();
