@@ -202,9 +202,10 @@ struct FwdTraits {
   // memory is divided (decode's two CTAs would no longer fit). One buffer where O is staged in Q's space, and for
   // FP8 (not measured with two).
   static constexpr int kSmemQBytes = int(sizeof(Element)) * int(cosize_v<SmemLayoutQ>);
+  static constexpr int kRowAddrBytes = int(sizeof(uint64_t)) * kBlockN;  // SharedStorage::row_addr
   static constexpr int kQStages =
       Mech::kDoubleQ && !kFp8 && kSeparateO && kTiles.ctas_per_sm == 1 &&
-              kMainSmemBytes + kSmemQBytes + kConsumerWGs * kTileBytesO + kBarrierSlack + 8 * kBlockN <= kMaxSmemBytes
+              kMainSmemBytes + kSmemQBytes + kConsumerWGs * kTileBytesO + kBarrierSlack + kRowAddrBytes <= kMaxSmemBytes
           ? 2
           : 1;
 
@@ -317,12 +318,12 @@ __device__ __forceinline__ void publish_tile(int& slot, int idx) {
 }
 // The Q buffers in the order the producer fills them, as each role walks them: tile k of the CTA (counting the
 // published ones, the past-the-end index included) goes to buffer k % stages, whose barrier_q completes its phase
-// (k / stages) % 2 for it. `stages` is a run-time value (FwdLoad::q_stages): 1 or the kernel's kQStages.
+// (k / stages) % 2 for it. `stages` is a run-time value (FwdLoad::q_stages): 1 or the kernel's kQStages, 2.
 struct QRing {
   int count = 0;
   int stages;
-  __device__ int stage() const { return stages == 1 ? 0 : count & 1; }
-  __device__ int phase() const { return (stages == 1 ? count : count >> 1) & 1; }
+  __device__ int stage() const { return count & (stages - 1); }
+  __device__ int phase() const { return (count >> (stages - 1)) & 1; }
   // empty_q[stage()]'s phase that frees the buffer for the next tile: the one the tile `stages` back completed.
   __device__ int free_phase() const { return phase() ^ 1; }
 };
