@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "attention_case.hpp"
 
@@ -141,6 +142,18 @@ TEST(CpuBackward, Dropout) {
     v.wl = 9, v.wr = 2, v.softcap = 4.f;
     expect_backward_matches(v);
   }
+}
+
+// The generator against its authors' known answers (Random123's kat_vectors, philox4x32 at 7 and 10 rounds).
+TEST(CpuBackward, PhiloxKnownAnswers) {
+  auto words = [](const detail::PhiloxWords& w) { return std::vector<uint32_t>(w.w, w.w + 4); };
+  using V = std::vector<uint32_t>;
+  EXPECT_EQ(words(detail::philox4x32<10>(0, 0, 0, 0, 0, 0)), (V{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  EXPECT_EQ(words(detail::philox4x32<10>(~0u, ~0u, ~0u, ~0u, ~0u, ~0u)),
+            (V{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(words(detail::philox4x32<10>(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u)),
+            (V{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+  EXPECT_EQ(words(detail::philox4x32<7>(0, 0, 0, 0, 0, 0)), (V{0x5f6fb709u, 0x0d893f64u, 0x4f121f81u, 0x4f730a48u}));
 }
 
 // The mask is a pure function of its coordinates: the keep rate over 10^7 draws is within 4 sigma of 1 - p, and

@@ -1,7 +1,7 @@
 // The dropout mask as a pure function of its coordinates, shared by the float64 reference, the CPU backend and
 // the CUDA kernels. Element (b, h, i, j) of a call with (seed, offset) belongs to the group of eight
 //   queries {i0, i0 + 8} x keys {j0, j0 + 1, j0 + 8, j0 + 9},   i0 % 16 < 8, j0 % 16 in {0, 2, 4, 6},
-// whose four 32-bit words are Philox4x32-10(counter = (key_group(j), query_group(i), b * heads_q + h, offset_lo),
+// whose four 32-bit words are Philox4x32-7(counter = (key_group(j), query_group(i), b * heads_q + h, offset_lo),
 // key = (seed_lo, seed_hi ^ offset_hi)); (seed, offset) are the call's integers or its dropout_rng tensor. The element
 // draws the 16-bit half (low for even j, high for odd j) of word
 // ((i >> 3) & 1) | ((j >> 3) & 1) << 1 and is kept when that draw is below floor((1 - p) * 2^16) (so p resolves to
@@ -14,6 +14,10 @@
 // call on every eight probabilities; its backward (keys as rows) holds half of two groups per thread and swaps the
 // halves with the neighbouring lane (cuda/common/dropout.cuh). 16-bit draws (rather than 32) halve the calls per
 // element; 8-bit ones (FlashAttention-2's) would leave the keep rate off by up to 1/256.
+// Why seven rounds: the wide multiplies of the rounds are the kernels' dropout cost (two per round per eight
+// probabilities; docs/journal/cuda.md, session 15). Seven is the fewest rounds Philox's authors found
+// Crush-resistant (Salmon et al., SC'11: Philox4x32-7 passes TestU01's BigCrush), and FlashAttention-2's dropout
+// uses seven; ten (cuRAND's default) adds their safety margin at 10/7 of the cost.
 #pragma once
 
 #include <cstdint>
@@ -39,13 +43,15 @@ FA_HOST_DEVICE void mul_wide(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo)
 #endif
 }
 
-// Philox4x32 with 10 rounds (Salmon et al., SC'11; the generator of cuRAND and of torch's CUDA dropout).
-FA_HOST_DEVICE PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+// Philox4x32 with kRounds rounds (Salmon et al., SC'11; ten is cuRAND's and torch's CUDA generator's count).
+// tests/test_cpu_backward.cpp checks it against the authors' known answers for 7 and 10 rounds.
+template <int kRounds>
+FA_HOST_DEVICE PhiloxWords philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u, kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < kRounds; ++round) {
     uint32_t hi0, lo0, hi1, lo1;
     mul_wide(kMul0, c0, hi0, lo0);
     mul_wide(kMul1, c2, hi1, lo1);
@@ -55,6 +61,9 @@ FA_HOST_DEVICE PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, 
   }
   return {{c0, c1, c2, c3}};
 }
+
+// The rounds of the dropout rule (see the top of this file for why seven).
+inline constexpr int kDropoutPhiloxRounds = 7;
 
 // The three words of the Philox call that (seed, offset) decide: key (k0, k1) and the counter's last word c3.
 struct PhiloxKey {
@@ -98,7 +107,7 @@ struct DropoutRule {
   // The four words of a group of (batch entry b, query head h); bh = b * heads_q + h.
   FA_HOST_DEVICE static PhiloxWords group_words(const PhiloxKey& key, int64_t bh, uint32_t query_grp,
                                                 uint32_t key_grp) {
-    return philox4x32_10(key_grp, query_grp, uint32_t(bh), key.c3, key.k0, key.k1);
+    return philox4x32<kDropoutPhiloxRounds>(key_grp, query_grp, uint32_t(bh), key.c3, key.k0, key.k1);
   }
   // Which of its group's words element (i, j) draws from (its half: j & 1).
   FA_HOST_DEVICE static int word_of(int64_t i, int64_t j) { return int(((i >> 3) & 1) | (((j >> 3) & 1) << 1)); }

@@ -20,6 +20,9 @@ def main():
     ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--p", type=float, default=0.1)
+    ap.add_argument("--mechanisms", default="",
+                    help="comma-separated FLASHATTN_SM90_MECHANISMS values (an ablation build's dropout variants, "
+                         "e.g. dropout_draw_at_top): the dropout forward once more under each, as ours_dropout_<value>")
     a = ap.parse_args()
     ours = common.load_ours(bench.DEV)
     print("# " + common.describe_ours(ours), flush=True)
@@ -44,6 +47,13 @@ def main():
                       2.5 * flops, base)
             for name, extra in (("ours", {}), ("ours_dropout", {"dropout_p": a.p})):
                 b.measure("fwd", name, lambda: fa.flash_attn_func(q, k, v, causal=causal, **extra), flops, base)
+                for mech in filter(None, a.mechanisms.split(",") if extra else ()):
+                    os.environ["FLASHATTN_SM90_MECHANISMS"] = mech
+                    try:
+                        b.measure("fwd", f"{name}_{mech}", lambda: fa.flash_attn_func(q, k, v, causal=causal, **extra),
+                                  flops, base)
+                    finally:
+                        os.environ.pop("FLASHATTN_SM90_MECHANISMS", None)
                 o = fa.flash_attn_func(q, k, v, causal=causal, **extra)
                 b.measure("bwd", name, lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), 2.5 * flops,
                           base)

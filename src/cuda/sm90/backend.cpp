@@ -25,8 +25,8 @@ namespace flashattn::cuda::sm90 {
 #include "sm90_bwd_kernels.inc"
 #undef FA_SM90_BWD
 
-#define FA_SM90_ABLATION(name, hdim, ...)                                               \
-  extern template cudaError_t launch_fwd<FA_BFLOAT16, hdim, false, false, __VA_ARGS__>( \
+#define FA_SM90_ABLATION(name, hdim, dropout, ...)                                        \
+  extern template cudaError_t launch_fwd<FA_BFLOAT16, hdim, false, dropout, __VA_ARGS__>( \
       const FwdParams&, const FwdPlan&, int*, cudaStream_t);
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
@@ -36,29 +36,33 @@ namespace {
 using Launch = cudaError_t (*)(const FwdParams&, const FwdPlan&, int*, cudaStream_t);
 
 // Ablation builds (FLASHATTN_SM90_ABLATIONS): FLASHATTN_SM90_MECHANISMS=<variant> makes bf16 forwards of the
-// variant's head dim (d128 unless named) without softcap/ALiBi/dropout, packed or not, run that variant of the kernel
+// variant's head dim (d128 unless named) without softcap/ALiBi, with dropout where the variant is the dropout
+// kernel's and without it otherwise, packed or not, run that variant of the kernel
 // (one mechanism changed), read at every call so that a benchmark can switch between variants in one process. Empty
 // in default builds.
 struct Ablation {
   const char* name;
   int head_dim;
+  bool dropout;  // the dropout kernel's variant: serves the plans with dropout, and only those
   Launch launch;
 };
 const Ablation kAblations[] = {
-#define FA_SM90_ABLATION(name, hdim, ...) {#name, hdim, &launch_fwd<FA_BFLOAT16, hdim, false, false, __VA_ARGS__>},
+#define FA_SM90_ABLATION(name, hdim, dropout, ...) \
+  {#name, hdim, dropout, &launch_fwd<FA_BFLOAT16, hdim, false, dropout, __VA_ARGS__>},
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
-    {nullptr, 0, nullptr}};
+    {nullptr, 0, false, nullptr}};
 
 // The plans the default table serves with its plain bf16 kernel of the variant's head dim (packed GQA included:
 // decode takes it).
 Launch ablation_launch(const detail::Problem& p, const FwdPlan& plan) {
-  if (kAblations[0].name == nullptr || p.dtype != FA_BFLOAT16 || plan.variant.score_mods || plan.variant.dropout)
-    return nullptr;
+  if (kAblations[0].name == nullptr || p.dtype != FA_BFLOAT16 || plan.variant.score_mods) return nullptr;
   const char* want = std::getenv("FLASHATTN_SM90_MECHANISMS");
   if (want == nullptr) return nullptr;
   for (const Ablation& a : kAblations)
-    if (a.name != nullptr && a.head_dim == plan.head_dim && std::strcmp(a.name, want) == 0) return a.launch;
+    if (a.name != nullptr && a.head_dim == plan.head_dim && a.dropout == plan.variant.dropout &&
+        std::strcmp(a.name, want) == 0)
+      return a.launch;
   return nullptr;
 }
 

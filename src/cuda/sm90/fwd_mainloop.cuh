@@ -271,7 +271,11 @@ struct FwdMainloop {
         if (zero_v_tail) zero_v_tail_rows();
       }
       for (--n; n >= range.lo; --n) {
-        prob_mod.draw(cS_rc, m0_wg, n * kBlockN);  // S(n + 1) is P(n + 1) already, S(n) not yet issued
+        // The mask of block n: drawn at the step's top, S(n + 1) is P(n + 1) already and S(n) not yet issued, the
+        // draw's Philox rounds delay this warpgroup's next GEMMs; drawn once they are issued (kDrawUnderGemms), the
+        // rounds run while the tensor cores compute S(n) and P(n + 1).V(n + 1), whose registers the draw leaves
+        // alone.
+        if constexpr (!Mech::kDrawUnderGemms) prob_mod.draw(cS_rc, m0_wg, n * kBlockN);
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         pipe_k.consumer_wait(k_read);
         pingpong.wait();
@@ -279,14 +283,29 @@ struct FwdMainloop {
         pipe_v.consumer_wait(v_read);
         wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
         pingpong.signal();
+        if constexpr (Mech::kDrawUnderGemms) prob_mod.draw(cS_rc, m0_wg, n * kBlockN);
         warpgroup_wait<1>();  // S(n) is ready; P(n+1).V(n+1) may still run
         pipe_k.consumer_release(k_read);
         ++k_read;
         const bool rescale = softmax_step(tSrS, n, cute::false_type{}, correction);
-        warpgroup_wait<0>();
+        if constexpr (Mech::kPinnedPvWait) {
+          // The wait for P(n+1).V(n+1) has no data dependence on the softmax, and ptxas sm_90a (CUDA 13) schedules a
+          // lone wgmma wait as early as it may: in the row max, before every exponential (SASS of the d128 kernels),
+          // so the softmax ran after the P.V, not under it. In both branches on `rescale` (known only at the end
+          // of the exponentiation), it stays after the block's softmax. The two waits differ in a PTX comment so
+          // that they are not merged into one before the branch.
+          if (rescale) {
+            warpgroup_wait<0>();
+            softmax.rescale(o_rc, correction);
+          } else {
+            asm volatile("wgmma.wait_group.sync.aligned 0; // no rescale\n" ::: "memory");
+          }
+        } else {
+          warpgroup_wait<0>();
+          if (rescale) softmax.rescale(o_rc, correction);
+        }
         pipe_v.consumer_release(v_read);
         ++v_read;
-        if (rescale) softmax.rescale(o_rc, correction);
         to_probs(tSrS);
       }
       q_done();  // every Q.K^T has completed (the last wait above was warpgroup_wait<0>, or qk_alone's)

@@ -16,6 +16,8 @@ struct NoIdleSkip {};           // a packed warpgroup whose rows all lie past th
 struct SerialRowReductions {};  // the softmax's row max and row sum as one dependent chain per row
 struct EagerStoreWait {};       // a warpgroup's O store is waited for right after its issue, not before its next one
 struct SingleQ {};              // one Q buffer: the next tile's Q loads only once this tile's is released
+struct DrawAtStepTop {};        // dropout: a key block's mask is drawn before its GEMMs issue, not while they run
+struct PlainPvWait {};          // the P.V wait as one statement after the softmax (ptxas hoists it to the row max)
 template <int N>
 struct KvStages {};  // K/V pipeline depth instead of the tile table's
 template <int N>
@@ -41,6 +43,8 @@ struct Mechanisms {
   static constexpr int kRowPartials = (false || ... || std::is_same_v<Options, SerialRowReductions>) ? 1 : 4;
   static constexpr bool kLateStoreWait = !(false || ... || std::is_same_v<Options, EagerStoreWait>);
   static constexpr bool kDoubleQ = !(false || ... || std::is_same_v<Options, SingleQ>);
+  static constexpr bool kDrawUnderGemms = !(false || ... || std::is_same_v<Options, DrawAtStepTop>);
+  static constexpr bool kPinnedPvWait = !(false || ... || std::is_same_v<Options, PlainPvWait>);
   static constexpr int kStages = (0 + ... + StagesOf<Options>::value);  // 0: the tile table's depth
   static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
 };
