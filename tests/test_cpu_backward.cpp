@@ -154,6 +154,10 @@ TEST(CpuBackward, PhiloxKnownAnswers) {
   EXPECT_EQ(words(detail::philox4x32<10>(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u)),
             (V{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
   EXPECT_EQ(words(detail::philox4x32<7>(0, 0, 0, 0, 0, 0)), (V{0x5f6fb709u, 0x0d893f64u, 0x4f121f81u, 0x4f730a48u}));
+  EXPECT_EQ(words(detail::philox4x32<7>(~0u, ~0u, ~0u, ~0u, ~0u, ~0u)),
+            (V{0x5207ddc2u, 0x45165e59u, 0x4d8ee751u, 0x8c52f662u}));
+  EXPECT_EQ(words(detail::philox4x32<7>(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u)),
+            (V{0x4dfccabau, 0x190a87f0u, 0xc47362bau, 0xb6b5242au}));
 }
 
 // The mask is a pure function of its coordinates: the keep rate over 10^7 draws is within 4 sigma of 1 - p, and

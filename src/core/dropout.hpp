@@ -14,10 +14,12 @@
 // call on every eight probabilities; its backward (keys as rows) holds half of two groups per thread and swaps the
 // halves with the neighbouring lane (cuda/common/dropout.cuh). 16-bit draws (rather than 32) halve the calls per
 // element; 8-bit ones (FlashAttention-2's) would leave the keep rate off by up to 1/256.
-// Why seven rounds: the wide multiplies of the rounds are the kernels' dropout cost (two per round per eight
-// probabilities; docs/journal/cuda.md, session 15). Seven is the fewest rounds Philox's authors found
-// Crush-resistant (Salmon et al., SC'11: Philox4x32-7 passes TestU01's BigCrush), and FlashAttention-2's dropout
-// uses seven; ten (cuRAND's default) adds their safety margin at 10/7 of the cost.
+// Why seven rounds: the rounds are most of the mask's instructions in the sm90 kernels (two wide multiplies and
+// two three-way XORs per round per eight probabilities; about 5 of the mask's 7.5 instructions per probability in
+// ncu, bench/results/2026-12-04_h200_session29). Seven is the fewest rounds Philox's authors found Crush-resistant
+// (Salmon et al., SC'11: Philox4x32-7 passes TestU01's BigCrush), and FlashAttention-2's dropout uses seven; ten
+// (cuRAND's default) adds their safety margin. Measured against ten: the sm90 dropout kernels 3.5-7 % faster
+// forward, 1 % backward (same results file).
 #pragma once
 
 #include <cstdint>

@@ -271,10 +271,10 @@ struct FwdMainloop {
         if (zero_v_tail) zero_v_tail_rows();
       }
       for (--n; n >= range.lo; --n) {
-        // The mask of block n: drawn at the step's top, S(n + 1) is P(n + 1) already and S(n) not yet issued, the
-        // draw's Philox rounds delay this warpgroup's next GEMMs; drawn once they are issued (kDrawUnderGemms), the
-        // rounds run while the tensor cores compute S(n) and P(n + 1).V(n + 1), whose registers the draw leaves
-        // alone.
+        // The mask of block n, drawn once the GEMMs are issued (kDrawUnderGemms: its rounds beside S(n) and
+        // P(n + 1).V(n + 1), whose registers the draw leaves alone) or at the step's top (S(n + 1) is P(n + 1)
+        // already, S(n) not yet issued). Measured equal at d128 8k (bench/results/2026-12-04_h200_session29, run 1):
+        // the draw's instructions cost the consumer warps' issue either way.
         if constexpr (!Mech::kDrawUnderGemms) prob_mod.draw(cS_rc, m0_wg, n * kBlockN);
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
         pipe_k.consumer_wait(k_read);
@@ -293,7 +293,8 @@ struct FwdMainloop {
           // lone wgmma wait as early as it may: in the row max, before every exponential (SASS of the d128 kernels),
           // so the softmax ran after the P.V, not under it. In both branches on `rescale` (known only at the end
           // of the exponentiation), it stays after the block's softmax. The two waits differ in a PTX comment so
-          // that they are not merged into one before the branch.
+          // that they are not merged into one before the branch. Same-process A/B against the ablation
+          // `plain_pv_wait`: +2-9 % at d128 from 2k keys (bench/results/2026-12-04_h200_session29, runs 2-3).
           if (rescale) {
             warpgroup_wait<0>();
             softmax.rescale(o_rc, correction);
