@@ -295,16 +295,14 @@ struct FwdMainloop {
           // of the exponentiation), it stays after the block's softmax. The two waits differ in a PTX comment so
           // that they are not merged into one before the branch. Same-process A/B against the ablation
           // `plain_pv_wait`: +2-9 % at d128 from 2k keys (bench/results/2026-12-04_h200_session29, runs 2-3).
-          if (rescale) {
+          if (rescale)
             warpgroup_wait<0>();
-            softmax.rescale(o_rc, correction);
-          } else {
+          else
             asm volatile("wgmma.wait_group.sync.aligned 0; // no rescale\n" ::: "memory");
-          }
         } else {
           warpgroup_wait<0>();
-          if (rescale) softmax.rescale(o_rc, correction);
         }
+        if (rescale) softmax.rescale(o_rc, correction);
         pipe_v.consumer_release(v_read);
         ++v_read;
         to_probs(tSrS);
