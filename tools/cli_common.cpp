@@ -7,6 +7,8 @@
 #include <new>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "core/problem.hpp"
 #include "cpu/numeric.hpp"
 #include "cpu/reference.hpp"
@@ -125,6 +127,15 @@ class Buffer {
 #endif
     std::memcpy(ptr_, h.data(), bytes_);
   }
+  void fill(uint8_t byte) {
+#ifdef FLASHATTN_WITH_CUDA
+    if (cuda_) {
+      cudaMemset(ptr_, byte, bytes_);
+      return;
+    }
+#endif
+    std::memset(ptr_, byte, bytes_);
+  }
   std::vector<uint8_t> download() const {
     std::vector<uint8_t> h(bytes_);
 #ifdef FLASHATTN_WITH_CUDA
@@ -160,8 +171,8 @@ struct Rng {
   }
 };
 
-std::vector<uint8_t> random_tensor(size_t n, fa_dtype t, Rng& rng) {
-  std::vector<uint8_t> h(n * dtype_size(t));
+// n values of N(0, 1) in dtype t, written to h.
+void fill_random(uint8_t* h, size_t n, fa_dtype t, Rng& rng) {
   for (size_t i = 0; i < n; ++i) {
     float x = float(rng.normal());
     if (t == FA_FLOAT8_E4M3) {
@@ -173,7 +184,6 @@ std::vector<uint8_t> random_tensor(size_t n, fa_dtype t, Rng& rng) {
       std::memcpy(&h[i * 2], &v, 2);
     }
   }
-  return h;
 }
 
 double now_ms() {
@@ -250,54 +260,119 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   checked_product({B, Sk, Hk, Dv}, &nv);
   checked_product({B, Sq, H, Dv}, &no);
   checked_product({B, H, Sq}, &nl);
-  Rng rng{o.seed};
-  std::vector<uint8_t> hq = random_tensor(nq, s.dtype, rng), hk = random_tensor(nk, s.dtype, rng),
-                       hv = random_tensor(nv, s.dtype, rng), hdo = random_tensor(no, out_dtype, rng);
+  // The problem's tensors, in the order their buffers are laid out.
+  enum : int { kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kAlibi, kTensors };
+  const size_t bytes_of[kTensors] = {nq * e,  nk * e,  nv * e,  no * eo, nl * 4,
+                                     no * eo, nq * eo, nk * eo, nv * eo, size_t(H) * 4};
+  FwdParams fp = make_fwd_params();
+  BwdParams bp = make_bwd_params();
+  // Both calls' parameters on the tensors at ptr[], on device d.
+  auto describe = [&](void* const* ptr, fa_device d) {
+    fa_attention a = fa_attention_default();
+    a.q = make_tensor(ptr[kQ], s.dtype, {B, Sq, H, D}, d);
+    a.k = make_tensor(ptr[kK], s.dtype, {B, Sk, Hk, D}, d);
+    a.v = make_tensor(ptr[kV], s.dtype, {B, Sk, Hk, Dv}, d);
+    a.causal = s.causal;
+    a.causal_alignment = s.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+    a.window_left = s.window_left;
+    a.window_right = s.window_right;
+    a.softcap = s.softcap;
+    if (s.alibi) a.alibi_slopes = make_tensor(ptr[kAlibi], FA_FLOAT32, {H}, d);
+    fp.attn = bp.attn = a;
+    fp.out = bp.out = make_tensor(ptr[kOut], out_dtype, {B, Sq, H, Dv}, d);
+    fp.lse = bp.lse = make_tensor(ptr[kLse], FA_FLOAT32, {B, H, Sq}, d);
+    bp.dout = make_tensor(ptr[kDout], out_dtype, {B, Sq, H, Dv}, d);
+    bp.dq = make_tensor(ptr[kDq], out_dtype, {B, Sq, H, D}, d);
+    bp.dk = make_tensor(ptr[kDk], out_dtype, {B, Sk, Hk, D}, d);
+    bp.dv = make_tensor(ptr[kDv], out_dtype, {B, Sk, Hk, Dv}, d);
+  };
+
+  // The shape rules before any tensor exists: the library's validation of the described tensors at addresses that
+  // are never read (disjoint 256-byte aligned ranges), so that a shape it rejects gets its error at once instead of
+  // after minutes of drawing tensors of a size it cannot take (--hdim 100000 drew 3 GB first). The call validates
+  // again for its backend.
+  size_t total = 0;
+  {
+    void* at[kTensors];
+    uintptr_t next = uintptr_t(1) << 20;
+    bool fits = true;
+    for (int t = 0; t < kTensors; ++t) {
+      at[t] = reinterpret_cast<void*>(next);
+      fits = fits && !__builtin_add_overflow(next, (bytes_of[t] | 255u) + 1, &next) &&
+             !__builtin_add_overflow(total, bytes_of[t], &total);
+    }
+    if (fits) {
+      describe(at, FA_DEVICE_CPU);
+      detail::Problem shape;
+      const detail::Requirements any{0, 0, true, "cli"};
+      detail::Error ve = detail::validate(fp.attn, fp.out, fp.lse, nullptr, nullptr, nullptr, nullptr,
+                                          detail::Direction::kForward, any, nullptr, nullptr, nullptr, &shape);
+      if (ve.ok() && o.backward)
+        ve = detail::validate(bp.attn, bp.out, bp.lse, &bp.dout, &bp.dq, &bp.dk, &bp.dv, detail::Direction::kBackward,
+                              any, nullptr, nullptr, nullptr, &shape);
+      if (!ve.ok()) {
+        r.error = ve.message;
+        return r;
+      }
+    }
+  }
+  // Host memory: the tensors themselves on the CPU, else host copies of the inputs (and, with --check, of the
+  // outputs read back). Past the machine's memory the allocations could succeed (overcommit) and the process be
+  // killed while the values are drawn; say so instead.
+  {
+    size_t host = cuda ? bytes_of[kQ] + bytes_of[kK] + bytes_of[kV] + bytes_of[kDout] : total;
+    if (o.check) host += bytes_of[kOut] + bytes_of[kLse] + (o.backward ? bytes_of[kDq] : 0);
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && double(host) > double(pages) * double(page)) {
+      std::ostringstream m;
+      m << "problem too large for this machine: its tensors need " << double(host) / double(1ull << 30)
+        << " GiB of host memory, the machine has " << double(pages) * double(page) / double(1ull << 30) << " GiB ("
+        << s.describe() << ")";
+      r.error = m.str();
+      return r;
+    }
+  }
+
   std::vector<float> slopes(static_cast<size_t>(H));
   for (int64_t h = 0; h < H; ++h) slopes[size_t(h)] = float(std::pow(2.0, -8.0 * double(h + 1) / double(H)));
-  std::vector<uint8_t> hslopes(slopes.size() * 4);
-  std::memcpy(hslopes.data(), slopes.data(), hslopes.size());
-
-  Buffer q(nq * e, cuda), k(nk * e, cuda), v(nv * e, cuda), out(no * eo, cuda), lse(nl * 4, cuda), dout(no * eo, cuda),
-      dq(nq * eo, cuda), dk(nk * eo, cuda), dv(nv * eo, cuda), alibi(hslopes.size(), cuda);
-  for (Buffer* b : {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv, &alibi})
+  Buffer q(bytes_of[kQ], cuda), k(bytes_of[kK], cuda), v(bytes_of[kV], cuda), out(bytes_of[kOut], cuda),
+      lse(bytes_of[kLse], cuda), dout(bytes_of[kDout], cuda), dq(bytes_of[kDq], cuda), dk(bytes_of[kDk], cuda),
+      dv(bytes_of[kDv], cuda), alibi(bytes_of[kAlibi], cuda);
+  Buffer* buffers[kTensors] = {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv, &alibi};
+  for (Buffer* b : buffers)
     if (!b->data()) {
       r.error = std::string("out of ") + (cuda ? "device" : "host") + " memory allocating the problem's tensors";
       return r;
     }
-  q.upload(hq);
-  k.upload(hk);
-  v.upload(hv);
-  dout.upload(hdo);
-  alibi.upload(hslopes);
-  // Poison the outputs: a row the kernel forgets to write stays NaN and fails the check.
-  out.upload(std::vector<uint8_t>(no * eo, 0xff));
-  lse.upload(std::vector<uint8_t>(nl * 4, 0xff));
-
-  auto describe = [&](fa_attention* a) {
-    *a = fa_attention_default();
-    a->q = make_tensor(q.data(), s.dtype, {B, Sq, H, D}, dev);
-    a->k = make_tensor(k.data(), s.dtype, {B, Sk, Hk, D}, dev);
-    a->v = make_tensor(v.data(), s.dtype, {B, Sk, Hk, Dv}, dev);
-    a->causal = s.causal;
-    a->causal_alignment = s.top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
-    a->window_left = s.window_left;
-    a->window_right = s.window_right;
-    a->softcap = s.softcap;
-    if (s.alibi) a->alibi_slopes = make_tensor(alibi.data(), FA_FLOAT32, {H}, dev);
+  // The inputs' values, drawn in place on the CPU and through host copies (kept for the check) for CUDA.
+  Rng rng{o.seed};
+  std::vector<uint8_t> staged[kTensors];
+  const uint8_t* host_of[kTensors] = {};
+  auto draw = [&](int t, size_t n, fa_dtype dtype, const void* values = nullptr) {
+    uint8_t* h = static_cast<uint8_t*>(buffers[t]->data());
+    if (cuda) {
+      staged[t].resize(bytes_of[t]);
+      h = staged[t].data();
+    }
+    if (values != nullptr)
+      std::memcpy(h, values, bytes_of[t]);
+    else
+      fill_random(h, n, dtype, rng);
+    if (cuda) buffers[t]->upload(staged[t]);
+    host_of[t] = h;
   };
-  FwdParams fp = make_fwd_params();
-  describe(&fp.attn);
-  fp.out = make_tensor(out.data(), out_dtype, {B, Sq, H, Dv}, dev);
-  fp.lse = make_tensor(lse.data(), FA_FLOAT32, {B, H, Sq}, dev);
-  BwdParams bp = make_bwd_params();
-  describe(&bp.attn);
-  bp.out = fp.out;
-  bp.lse = fp.lse;
-  bp.dout = make_tensor(dout.data(), out_dtype, {B, Sq, H, Dv}, dev);
-  bp.dq = make_tensor(dq.data(), out_dtype, {B, Sq, H, D}, dev);
-  bp.dk = make_tensor(dk.data(), out_dtype, {B, Sk, Hk, D}, dev);
-  bp.dv = make_tensor(dv.data(), out_dtype, {B, Sk, Hk, Dv}, dev);
+  draw(kQ, nq, s.dtype);
+  draw(kK, nk, s.dtype);
+  draw(kV, nv, s.dtype);
+  draw(kDout, no, out_dtype);
+  draw(kAlibi, 0, FA_FLOAT32, slopes.data());
+  // Poison the outputs: a row the kernel forgets to write stays NaN and fails the check.
+  out.fill(0xff);
+  lse.fill(0xff);
+
+  void* at[kTensors];
+  for (int t = 0; t < kTensors; ++t) at[t] = buffers[t]->data();
+  describe(at, dev);
   fa_exec ex = fa_exec_default();
   ex.backend = o.backend;
   ex.num_threads = o.threads;
@@ -340,10 +415,10 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
                        hdq = o.backward ? dq.download() : std::vector<uint8_t>();
   FwdParams hp = make_fwd_params();
   hp.attn = fp.attn;
-  hp.attn.q.data = hq.data();
-  hp.attn.k.data = hk.data();
-  hp.attn.v.data = hv.data();
-  hp.attn.alibi_slopes.data = s.alibi ? hslopes.data() : nullptr;
+  hp.attn.q.data = const_cast<uint8_t*>(host_of[kQ]);
+  hp.attn.k.data = const_cast<uint8_t*>(host_of[kK]);
+  hp.attn.v.data = const_cast<uint8_t*>(host_of[kV]);
+  hp.attn.alibi_slopes.data = s.alibi ? const_cast<uint8_t*>(host_of[kAlibi]) : nullptr;
   hp.out = fp.out;
   hp.out.data = ho.data();
   hp.lse = fp.lse;
@@ -361,7 +436,7 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
     r.ok = false;
     return r;
   }
-  p.dout = hdo.data();
+  p.dout = host_of[kDout];
   p.dout_layout = detail::RowLayout{bp.dout.stride[0], bp.dout.stride[1], bp.dout.stride[2], false};
   p.dq = o.backward ? hdq.data() : nullptr;
   p.dq_layout = detail::RowLayout{bp.dq.stride[0], bp.dq.stride[1], bp.dq.stride[2], false};
