@@ -199,6 +199,12 @@ if ! skip build; then
     fi
   fi
   stamp "$BUILD_SUMMARY" | tee -a "$BUILD_LOG"
+  # Where the build's time goes (the units are compiled 16 at a time: the total and the longest units say whether
+  # more, smaller units would help; src/cuda/CMakeLists.txt, FLASHATTN_FINE_UNITS).
+  if [[ -f $BUILD/.ninja_log ]]; then
+    awk '!/^#/ {d = ($2 - $1) / 1000; t += d; printf "%6.1f s %s\n", d, $4} END {printf "%6.1f s in all\n", t}' \
+      "$BUILD/.ninja_log" | sort -rn | head -8 >>"$BUILD_LOG"
+  fi
 
   # The Python package: from the build tree when it imports there, else pip into a scratch folder.
   import_ok() { PYTHONPATH="$1${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "import flashattn; flashattn.flash_attn_func" >/dev/null 2>&1; }

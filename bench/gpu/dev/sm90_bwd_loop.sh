@@ -8,7 +8,8 @@
 # no Python extension and no benchmark (a C++-only check, e.g. of the forward's load paths); DEV_TARGET: build only it;
 # DEV_BWD_BENCH=0: no backward benchmark; DEV_GTEST_S: the GPU suite's timeout (default 200 s), DEV_SAN_S each
 # sanitizer's (default 90 s); DEV_CMAKE_ARGS: more
-# configure arguments (e.g. -DFLASHATTN_SM90_ABLATIONS=ON).
+# configure arguments (e.g. -DFLASHATTN_SM90_ABLATIONS=ON); DEV_FINE_UNITS=OFF: the kernel units of the full build
+# (the default splits them in two: src/cuda/CMakeLists.txt, FLASHATTN_FINE_UNITS).
 set -uo pipefail
 OUT=$1; FILTER=${2:-'*Backward*'}
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -34,9 +35,13 @@ fi
 t0=$(date +%s)
 cmake -S "$REPO" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNELS=ci -DFLASHATTN_SM90_HDIMS="${DEV_HDIMS:-64;128}" \
   -DFLASHATTN_CUDA_ARCHS=90a -DFLASHATTN_SM80_ARCHS=90 -DFLASHATTN_CUTLASS_DIR="$W/cutlass/cutlass_library/source/include" \
-  -DFLASHATTN_PYTHON="${DEV_PYTHON:-ON}" -DPython_EXECUTABLE="$PY" -Dnanobind_DIR="$("$PY" -m nanobind --cmake_dir)" "${gt[@]}" ${DEV_CMAKE_ARGS:-} >"$OUT/build.log" 2>&1
+  -DFLASHATTN_PYTHON="${DEV_PYTHON:-ON}" -DPython_EXECUTABLE="$PY" -Dnanobind_DIR="$("$PY" -m nanobind --cmake_dir)" \
+  -DFLASHATTN_FINE_UNITS="${DEV_FINE_UNITS:-ON}" "${gt[@]}" ${DEV_CMAKE_ARGS:-} >"$OUT/build.log" 2>&1
+seen=$(cat "$W/build/.ninja_log" 2>/dev/null | wc -l)
 cmake --build "$W/build" -j "$(nproc)" ${DEV_TARGET:+--target "$DEV_TARGET"} >>"$OUT/build.log" 2>&1 || { grep -m 30 -E "error" "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
+# The longest units of this build (fine units, FLASHATTN_FINE_UNITS: the longest unit bounds the build on 16 cores).
+tail -n +"$((seen + 1))" "$W/build/.ninja_log" | awk '!/^#/ {printf "%6.1f s %s\n", ($2 - $1) / 1000, $4}' | sort -rn | head -4
 grep -E "spill|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | head -5
 BIN=$(find "$W/build" -name 'flashattn_gpu_tests' -type f | head -1)
 [[ -n $BIN ]] || BIN=$(find "$W/build" -name '*gpu*test*' -type f -executable | head -1)

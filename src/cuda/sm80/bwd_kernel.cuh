@@ -604,13 +604,18 @@ cudaError_t launch_main_and_dq(const BwdParams& p, const BwdPlan& plan, cudaStre
 
 }  // namespace bwd
 
+// The main kernels and dQ postprocess of one mask policy: a unit of its own for WindowMask where the build splits
+// each (dtype, head dim) in two (FLASHATTN_FINE_UNITS, src/cuda/CMakeLists.txt).
+template <fa_dtype kDtype, int kHeadDim, class Mask>
+cudaError_t launch_bwd_mask(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
+  return bwd::launch_main_and_dq<bwd::BwdTraits<typename ElementOf<kDtype>::type, kHeadDim>, Mask>(p, plan, stream);
+}
+
 template <fa_dtype kDtype, int kHeadDim>
 cudaError_t launch_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
-  using Element = typename ElementOf<kDtype>::type;
   if (cudaError_t e = launch_preprocess<kDtype>(p, stream); e != cudaSuccess) return e;
-  using Traits = bwd::BwdTraits<Element, kHeadDim>;
-  const cudaError_t e = p.has_window ? bwd::launch_main_and_dq<Traits, WindowMask>(p, plan, stream)
-                                     : bwd::launch_main_and_dq<Traits, KeyLengthMask>(p, plan, stream);
+  const cudaError_t e = p.has_window ? launch_bwd_mask<kDtype, kHeadDim, WindowMask>(p, plan, stream)
+                                     : launch_bwd_mask<kDtype, kHeadDim, KeyLengthMask>(p, plan, stream);
   if (e != cudaSuccess) return e;
   return launch_dkdv_reduce<kDtype>(p, stream);
 }

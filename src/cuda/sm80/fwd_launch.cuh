@@ -1,6 +1,8 @@
 // Host side of one compiled forward kernel: picks the mask policy, sizes shared memory, launches.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/common/element.hpp"
 #include "cuda/sm80/fwd_kernel.cuh"
 
@@ -25,22 +27,30 @@ cudaError_t launch_variant(const FwdParams& p, const FwdPlan& plan, cudaStream_t
       plan.variant, [&](auto variant) { return launch_kernel<Traits, Mask, decltype(variant)>(p, stream); });
 }
 
-// The plan's mask policy and tile: causal/window problems always take the compact tile; unmasked ones only
-// where compact_for_short_keys instantiates it. Dropout has its own tile (fwd_dropout_tiles) and one kernel per
-// mask.
-template <fa_dtype kDtype, int kHeadDim>
-cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
+// The kernels of one mask policy (WindowMask where plan.windowed), and the plan's tile: causal/window problems always
+// take the compact tile; unmasked ones only where compact_for_short_keys instantiates it. Dropout has its own tile
+// (fwd_dropout_tiles) and one kernel per mask. WindowMask's kernels are a unit of their own where the build splits
+// each (dtype, head dim) in two (FLASHATTN_FINE_UNITS, src/cuda/CMakeLists.txt).
+template <fa_dtype kDtype, int kHeadDim, class Mask>
+cudaError_t launch_fwd_mask(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
   if (plan.variant.dropout) {
     using Traits = FwdTraits<Element, kHeadDim, true, DropoutFwdTiles<kHeadDim>>;
-    using Dropout = KernelVariant<variant::ScoreMods, variant::Dropout>;
-    return plan.windowed ? launch_kernel<Traits, WindowMask, Dropout>(p, stream)
-                         : launch_kernel<Traits, KeyLengthMask, Dropout>(p, stream);
+    return launch_kernel<Traits, Mask, KernelVariant<variant::ScoreMods, variant::Dropout>>(p, stream);
   }
-  if (plan.windowed) return launch_variant<FwdTraits<Element, kHeadDim, true>, WindowMask>(p, plan, stream);
-  if constexpr (compact_for_short_keys(kHeadDim))
-    if (plan.compact) return launch_variant<FwdTraits<Element, kHeadDim, true>, KeyLengthMask>(p, plan, stream);
-  return launch_variant<FwdTraits<Element, kHeadDim, false>, KeyLengthMask>(p, plan, stream);
+  if constexpr (std::is_same_v<Mask, WindowMask>) {
+    return launch_variant<FwdTraits<Element, kHeadDim, true>, WindowMask>(p, plan, stream);
+  } else {
+    if constexpr (compact_for_short_keys(kHeadDim))
+      if (plan.compact) return launch_variant<FwdTraits<Element, kHeadDim, true>, KeyLengthMask>(p, plan, stream);
+    return launch_variant<FwdTraits<Element, kHeadDim, false>, KeyLengthMask>(p, plan, stream);
+  }
+}
+
+template <fa_dtype kDtype, int kHeadDim>
+cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
+  return plan.windowed ? launch_fwd_mask<kDtype, kHeadDim, WindowMask>(p, plan, stream)
+                       : launch_fwd_mask<kDtype, kHeadDim, KeyLengthMask>(p, plan, stream);
 }
 
 template <fa_dtype kDtype, int kHeadDim>
