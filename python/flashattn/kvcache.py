@@ -218,17 +218,18 @@ def flash_attn_with_kvcache(
     _optional_tensor("alibi_slopes", alibi_slopes)
 
     # Checks on device values, in eager calls that write the cache or gather from it (one host synchronisation
-    # for all of them). A plain decode call (contiguous cache, nothing appended) reads none: the kernels clamp
-    # each sequence's key count to the cache.
+    # for all of them), and in every eager CPU call (no synchronisation to save). A plain CUDA decode call
+    # (contiguous cache, nothing appended) reads none: the kernels clamp each sequence's key count to the cache.
     # Paged caches are read by the library itself (the C ABI's block_table) in eager calls whose head dims need no
     # padding, so only an append (a write) checks the table. The CUDA read paths (sm90 TMA boxes, the gathered
     # copy) are tests/gpu/paged_test.cpp's (passed on the H200: bench/results/2026-12-01_h200_session11/).
     native_paged = (paged and not torch.compiler.is_compiling() and head_dim % 8 == 0 and head_dim_v % 8 == 0)
     gathers = (paged and not native_paged) or cache_batch_idx is not None or cache_leftpad is not None
-    if (new > 0 or gathers) and _values_checkable():
+    if (new > 0 or gathers or device.type == "cpu") and _values_checkable():
         checks = [("cache_seqlens", seqlens < 0, "entries must be >= 0"),
                   ("cache_seqlens", seqlens + new > capacity,
-                   f"entries + the {new} new tokens must fit the cache's {capacity} slots")]
+                   f"entries + the {new} new tokens must fit the cache's {capacity} slots" if new else
+                   f"entries must be at most the cache's {capacity} slots")]
         if cache_leftpad is not None:
             checks.append(("cache_leftpad", (cache_leftpad < 0) | (cache_leftpad > seqlens),
                            "entries must be in [0, cache_seqlens]"))

@@ -249,6 +249,13 @@ def test_errors_name_the_argument():
                                 cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="num_splits"):
         flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=1, num_splits=-1)
+    # A decode step that appends nothing, past the cache: named as the caller's argument on the CPU (the library
+    # saw only its seqused_k; CUDA kernels clamp to the cache instead of synchronising to check).
+    with pytest.raises(ValueError, match="^cache_seqlens: entries must be at most the cache's 10 slots"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([11, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^cache_seqlens: entries must be at most the cache's 8 slots"):
+        flash_attn_with_kvcache(q, pages, pages.clone(), cache_seqlens=9,
+                                block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32))
     # Nothing was written by the refused calls.
     assert not kc.any() and not pages.any()
 
