@@ -7,7 +7,9 @@
 #include <new>
 #include <sstream>
 
+#if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
+#endif
 
 #include "core/problem.hpp"
 #include "cpu/numeric.hpp"
@@ -322,7 +324,11 @@ RunResult run_attention_impl(const Shape& s, const Options& o) {
   {
     size_t host = cuda ? bytes_of[kQ] + bytes_of[kK] + bytes_of[kV] + bytes_of[kDout] : total;
     if (o.check) host += bytes_of[kOut] + bytes_of[kLse] + (o.backward ? bytes_of[kDq] : 0);
+#if defined(_SC_PHYS_PAGES)
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+#else
+    const long pages = 0, page = 0;  // unknown: no check
+#endif
     if (pages > 0 && page > 0 && double(host) > double(pages) * double(page)) {
       std::ostringstream m;
       m << "problem too large for this machine: its tensors need " << double(host) / double(1ull << 30)
