@@ -408,19 +408,37 @@ def feature_rows(b: Bench, ours, feature: str):
         with_it = {"learnable_sink": sink} if feature == "sink" else {"dropout_p": 0.1}
         grads_of = (q, k, v, sink) if feature == "sink" else (q, k, v)
         flops = 4 * s * s * h * d / (2 if causal else 1)
+        calls = {}  # backend -> (forward, backward)
         for name, extra in (("ours", {}), (f"ours_{feature}", with_it)):
+            def fwd(extra=extra):
+                return fa.flash_attn_func(q, k, v, causal=bool(causal), **extra)
             try:
-                b.measure(f"{kind}_fwd", name, lambda: fa.flash_attn_func(q, k, v, causal=bool(causal), **extra), flops,
-                          base)
-                o = fa.flash_attn_func(q, k, v, causal=bool(causal), **extra)
+                o = fwd()
             except (NotImplementedError, ValueError) as e:  # a build without the feature on this GPU
                 print(f"# {feature}: {e}", flush=True)
                 return
             do = torch.randn_like(o)
             inputs = grads_of if extra else (q, k, v)
-            b.measure(f"{kind}_bwd", name, lambda: torch.autograd.grad(o, inputs, do, retain_graph=True), 2.5 * flops,
-                      base)
-        q = k = v = o = do = None  # noqa: F841
+            calls[name] = (fwd, lambda o=o, inputs=inputs, do=do: torch.autograd.grad(o, inputs, do, retain_graph=True))
+        # Timed in the order A B B A, each backend's time the mean of its two: the first timing of a pair read slow
+        # (session 28: 2.7-8 %; session 29's sinks forward read 7 % faster than the plain one timed before it).
+        order = list(calls) + list(calls)[::-1]
+        for direction, which, work in (("fwd", 0, flops), ("bwd", 1, 2.5 * flops)):
+            times = {name: [] for name in calls}
+            try:
+                for name in order:
+                    calls[name][which]()
+                    times[name].append(b.time(calls[name][which]))
+            except Exception as e:  # noqa: BLE001 (a failure is a row, not the end of the run)
+                for name in calls:
+                    b.row(kind=f"{kind}_{direction}", backend=name, ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}",
+                          **base)
+                continue
+            for name, (first, second) in times.items():
+                ms = (first + second) / 2
+                b.row(kind=f"{kind}_{direction}", backend=name, ms=f"{ms:.4f}", tflops=f"{work / ms / 1e9:.1f}",
+                      note=f"mean of A B B A timings {first:.4f} / {second:.4f} ms", **base)
+        q = k = v = o = do = calls = None  # noqa: F841
         empty_cache()
 
 
