@@ -248,51 +248,60 @@ def empty_cache():
         torch.cuda.empty_cache()
 
 
-def ablation_rows(b: Bench, ours, deadline: float):
-    """The sm90 bf16 d128 forward once per FLASHATTN_SM90_MECHANISMS variant, cuDNN beside it."""
+def ablation_hdim(variant: str) -> int:
+    """A variant's head dim: the _d64 / _d256 suffix of its name (src/cuda/CMakeLists.txt builds "name:options:hdim"
+    variants at that head dim), else ABLATION_HDIM."""
+    for d in (64, 256):
+        if variant.endswith(f"_d{d}"):
+            return d
+    return ABLATION_HDIM
+
+
+def ablation_rows(b: Bench, ours, deadline: float, variants=ABLATION_VARIANTS[1:]):
+    """The sm90 bf16 forward once per FLASHATTN_SM90_MECHANISMS variant, the default kernel and cuDNN beside it, at
+    each variant's head dim."""
     per_timing_s = (b.warmup + b.rep) / 1000 * 2
     saved = os.environ.get(MECHANISMS_ENV)
+    shapes = [(d, c, s) for d in sorted({ablation_hdim(v) for v in variants}) for c in (False, True)
+              for s in ABLATION_SEQLENS]
     try:
-        for causal in (False, True):
-            for seqlen in ABLATION_SEQLENS:
-                heads, batch = MODEL_DIM // ABLATION_HDIM, TOKENS // seqlen
-                base = dict(dtype="bf16", hdim=ABLATION_HDIM, causal=int(causal), seqlen=seqlen, batch=batch,
-                            heads=heads)
+        for hdim, causal, seqlen in shapes:
+            heads, batch = MODEL_DIM // hdim, TOKENS // seqlen
+            base = dict(dtype="bf16", hdim=hdim, causal=int(causal), seqlen=seqlen, batch=batch, heads=heads)
+            if time.time() + per_timing_s > deadline:
+                print(f"# out of time: ablations stopped before d{hdim} causal={int(causal)} seqlen={seqlen}",
+                      flush=True)
+                b.row(kind="ablation", backend="default", ms="NA", note="not measured: the run's time budget ran out",
+                      **base)
+                return
+            q = torch.randn(batch, seqlen, heads, hdim, device=DEV, dtype=torch.bfloat16)
+            k, v = torch.randn_like(q), torch.randn_like(q)
+            flops = common.attn_flops(batch, heads, seqlen, seqlen, hdim, causal, "fwd")
+            ref = None
+            try:
+                cudnn = peer_fns(PEERS["cudnn"], q, k, v, causal)[0]
+                out = b.measure("ablation", "cudnn", cudnn, flops, base)
+                ref = out.transpose(1, 2).float() if out is not None else None
+            except Exception as e:
+                b.row(kind="ablation", backend="cudnn", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+            for variant in ["default"] + [v for v in variants if ablation_hdim(v) == hdim]:
                 if time.time() + per_timing_s > deadline:
-                    print(f"# out of time: ablations stopped before causal={int(causal)} seqlen={seqlen}", flush=True)
-                    b.row(kind="ablation", backend="default", ms="NA",
-                          note="not measured: the run's time budget ran out", **base)
-                    return
-                q = torch.randn(batch, seqlen, heads, ABLATION_HDIM, device=DEV, dtype=torch.bfloat16)
-                k, v = torch.randn_like(q), torch.randn_like(q)
-                flops = common.attn_flops(batch, heads, seqlen, seqlen, ABLATION_HDIM, causal, "fwd")
-                ref = None
-                try:
-                    cudnn = peer_fns(PEERS["cudnn"], q, k, v, causal)[0]
-                    out = b.measure("ablation", "cudnn", cudnn, flops, base)
-                    ref = out.transpose(1, 2).float() if out is not None else None
-                except Exception as e:
-                    b.row(kind="ablation", backend="cudnn", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}",
+                    b.row(kind="ablation", backend=variant, ms="NA", note="not measured: the run's time budget ran out",
                           **base)
-                for variant in ABLATION_VARIANTS:
-                    if time.time() + per_timing_s > deadline:
-                        b.row(kind="ablation", backend=variant, ms="NA",
-                              note="not measured: the run's time budget ran out", **base)
-                        continue
-                    os.environ[MECHANISMS_ENV] = "" if variant == "default" else variant
-                    if not ours.ok:
-                        b.row(kind="ablation", backend=variant, ms="NA", note="not available", **base)
-                        continue
-                    try:
-                        fwd = ops_fwd(ours.module, q, k, v, causal, "cuda-sm90")
-                    except Exception as e:
-                        b.row(kind="ablation", backend=variant, ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}",
-                              **base)
-                        continue
-                    b.measure("ablation", variant, fwd, flops, base,
-                              lambda out, ref=ref: agreement(out, ref).replace("_vs_fa2", "_vs_cudnn"))
-                del q, k, v, ref
-                empty_cache()
+                    continue
+                os.environ[MECHANISMS_ENV] = "" if variant == "default" else variant
+                if not ours.ok:
+                    b.row(kind="ablation", backend=variant, ms="NA", note="not available", **base)
+                    continue
+                try:
+                    fwd = ops_fwd(ours.module, q, k, v, causal, "cuda-sm90")
+                except Exception as e:
+                    b.row(kind="ablation", backend=variant, ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+                    continue
+                b.measure("ablation", variant, fwd, flops, base,
+                          lambda out, ref=ref: agreement(out, ref).replace("_vs_fa2", "_vs_cudnn"))
+            del q, k, v, ref
+            empty_cache()
     finally:
         if saved is None:
             os.environ.pop(MECHANISMS_ENV, None)
@@ -300,9 +309,11 @@ def ablation_rows(b: Bench, ours, deadline: float):
             os.environ[MECHANISMS_ENV] = saved
 
 
-def ablation_reserve_s(b: Bench) -> float:
-    """Seconds the ablation rows take: (1 cuDNN + the variants) timings per shape, plus setup."""
-    return len(ABLATION_SEQLENS) * 2 * (1 + len(ABLATION_VARIANTS)) * (b.warmup + b.rep) / 1000 * 1.5 + 10
+def ablation_reserve_s(b: Bench, variants=ABLATION_VARIANTS[1:]) -> float:
+    """Seconds the ablation rows take: (cuDNN + the default + the variants) timings per shape and head dim, plus
+    setup."""
+    timings = sum(2 + sum(ablation_hdim(v) == d for v in variants) for d in {ablation_hdim(v) for v in variants})
+    return len(ABLATION_SEQLENS) * 2 * timings * (b.warmup + b.rep) / 1000 * 1.5 + 10
 
 
 def memory_rows(b: Bench, ours):
@@ -511,6 +522,9 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ablations", action="store_true",
                     help=f"also time the sm90 forward per {MECHANISMS_ENV} variant (an ablation build only)")
+    ap.add_argument("--ablation-variants", default=",".join(ABLATION_VARIANTS[1:]),
+                    help="with --ablations: the variants, comma-separated (those the build has; a _d64 / _d256 name "
+                         "is timed at that head dim beside the default kernel there)")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: stop adding shapes")
     ap.add_argument("--decode-only", action="store_true",
                     help="only the decode rows (after the ceilings), and the feature-cost rows --features names")
@@ -537,11 +551,12 @@ def main():
     if a.decode_only:
         return
     # The main table leaves the ablations their time, so that an ablation run always gets its table.
-    main_deadline = a.deadline - (ablation_reserve_s(b) if a.ablations else 0)
+    variants = [v for v in a.ablation_variants.split(",") if v and v != "default"]
+    main_deadline = a.deadline - (ablation_reserve_s(b, variants) if a.ablations else 0)
     if attention_rows(b, ours, a.quick, main_deadline):
         memory_rows(b, ours)
     if a.ablations:
-        ablation_rows(b, ours, a.deadline)
+        ablation_rows(b, ours, a.deadline, variants)
     print(f"# bench done in {time.time() - t0:.0f} s", flush=True)
 
 

@@ -266,8 +266,16 @@ def decode_table(rows):
 
 
 def ablation_table(rows):
-    """Markdown lines: TFLOP/s of each sm90 forward variant per shape, with its ratio to the default."""
-    abl = [r for r in rows if r["kind"] == "ablation"]
+    """Markdown lines: TFLOP/s of each sm90 forward variant per shape, with its ratio to the default; one table per
+    head dim (bench.py times a _d64 / _d256 variant at that head dim)."""
+    L = []
+    for d in sorted({int(r["hdim"]) for r in rows if r["kind"] == "ablation"}):
+        L += ablation_table_at(rows, d)
+    return L
+
+
+def ablation_table_at(rows, hdim):
+    abl = [r for r in rows if r["kind"] == "ablation" and int(r["hdim"]) == hdim]
     if not abl:
         return []
     shapes = sorted({(int(r["causal"]), int(r["seqlen"])) for r in abl})

@@ -24,7 +24,9 @@
 #                 beside the correctness steps (FLASHATTN_BENCH_RESERVE: the seconds they keep for it, default 90)
 #   --ablations   for a build with the sm90 ablation variants only: bench.py --ablations times the sm90 bf16 d128
 #                 forward once per FLASHATTN_SM90_MECHANISMS variant (seqlen 2k/8k/16k, causal and not, cuDNN
-#                 beside it) after the main table, which leaves it its time; results.md gets an Ablation table
+#                 beside it) after the main table, which leaves it its time; results.md gets an Ablation table.
+#                 FLASHATTN_ABLATION_VARIANTS (environment, comma-separated, e.g. plain_pv_wait,plain_pv_wait_d64):
+#                 build and time only those (a _d64 / _d256 variant at its head dim, beside the default kernel there)
 # The compute-sanitizer step reruns a check.py --tiny run that was not clean once per tiny case (60 s at most
 # in all) and reports which case fails alone, with the tail of its log.
 # Dependencies the machine cannot download come from the repo's ignored .whl/ folder (bench/README.md):
@@ -188,7 +190,9 @@ if ! skip build; then
       echo "+ configure $*" >>"$BUILD_LOG"
       cmake -S "$REPO" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNELS=default \
         -DFLASHATTN_CUDA_ARCHS="$ARCHS" -DFLASHATTN_SM80_ARCHS="${ARCHS//a/}" \
-        ${ABLATIONS:+-DFLASHATTN_SM90_ABLATIONS=ON} "${extra[@]}" "$@" >>"$BUILD_LOG" 2>&1 ||
+        ${ABLATIONS:+-DFLASHATTN_SM90_ABLATIONS=ON} \
+        ${FLASHATTN_ABLATION_VARIANTS:+-DFLASHATTN_SM90_ABLATION_VARIANTS=${FLASHATTN_ABLATION_VARIANTS//,/;}} \
+        "${extra[@]}" "$@" >>"$BUILD_LOG" 2>&1 ||
         { [[ -f $BUILD/build.ninja ]] && CONFIG_NOTE+=" (cmake reported errors, see build.log)"; }
     }
     CONFIG_NOTE=""
@@ -478,6 +482,7 @@ if ! skip bench; then
   stamp "bench.py $QFLAG $ABLATIONS" | tee -a "$BENCH_LOG"
   # bench.py stops adding shapes at its deadline (the report needs ~15 s); timeout is the backstop.
   timeout "$(left 5 30)" "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG $ABLATIONS ${FLASHATTN_BENCH_ARGS:-} \
+    ${FLASHATTN_ABLATION_VARIANTS:+--ablation-variants "$FLASHATTN_ABLATION_VARIANTS"} \
     --deadline $(( DEADLINE - 15 )) \
     >>"$BENCH_LOG" 2>&1 || STATUS=1
   stamp "$(tail -1 "$BENCH_LOG")"
