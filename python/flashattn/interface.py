@@ -348,6 +348,8 @@ def _attn_options(q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_se
         if learnable_sink.device != q.device:
             _fail("learnable_sink", f"must be on q's device ({q.device}, got {learnable_sink.device})")
     left, right = window_pair(window_size)
+    if causal:
+        right = 0  # flash_attn's rule (mha_fwd / mha_bwd): causal sets window_size[1] = 0, whatever was given
     return AttnOptions(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                        max_seqlen_q=_number("max_seqlen_q", max_seqlen_q, int),
                        max_seqlen_k=_number("max_seqlen_k", max_seqlen_k, int),

@@ -238,6 +238,24 @@ def test_non_contiguous_inputs(device, dtype):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
+def test_causal_overrides_window_right(device, dtype):
+    """flash_attn sets window_size[1] = 0 under causal whatever was given (its mha_fwd / mha_bwd), so a causal call
+    with a right window side runs there: the drop-in runs it too, as the causal window it is."""
+    b, s, h, d = 1, 23, 2, 64
+    q, k, v = (make((b, s, h, d), dtype, device, seed) for seed in (11, 12, 13))
+    out = flash_attn_func(q, k, v, causal=True, window_size=(5, 3))
+    ref = flash_attn_func(q, k, v, causal=True, window_size=(5, 0))
+    assert torch.equal(out, ref)
+    unbounded_left = flash_attn_func(q, k, v, causal=True, window_size=(-1, 7))
+    assert torch.equal(unbounded_left, flash_attn_func(q, k, v, causal=True))
+    if can_backward(device):
+        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        grads_ref = torch.autograd.grad(ref, (q, k, v), torch.ones_like(ref))
+        for a, c in zip(grads, grads_ref):
+            assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
 def test_packed_forms_equal_unpacked(device, dtype):
     b, s, h, d = 2, 21, 2, 32
     qkv = make((b, s, 3, h, d), dtype, device, 8)
