@@ -285,6 +285,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
                causal, window_size, softcap, alibi_slopes, deterministic, causal_alignment, learnable_sink=None,
                return_attn_probs=False):
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    q, softmax_scale = positive_scale(q, softmax_scale)
     if softmax_scale is None and head_dim % 8 != 0:
         softmax_scale = head_dim ** -0.5  # the scale of the real head dim, not of the padded one
     options = _attn_options(q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -333,6 +334,28 @@ def _optional_tensor(name: str, t) -> None:
         raise TypeError(f"{name}: must be a torch.Tensor or None (got {type(t).__name__})")
 
 
+def flash_attn_window(window_size, causal) -> Window:
+    """flash_attn's window rules (its mha_fwd / mha_bwd): a negative side is unbounded (-1 for the core), and causal
+    sets the right side to 0 whatever was given."""
+    left, right = window_pair(window_size)
+    return max(left, -1), 0 if causal else max(right, -1)
+
+
+def positive_scale(q, softmax_scale):
+    """(q, softmax_scale) with a scale the kernels take: their online softmax keeps the maximum of the unscaled scores,
+    so the core wants a scale > 0, where flash_attn takes any. softmax(c s) = softmax(|c| (-s)) for c < 0: q negated,
+    exact under softcap (tanh is odd) and ALiBi (its bias is not scaled); for c = 0 every score is 0: q zeroed, scale
+    1. The gradient reaches q through the negation (or is 0, as with scale 0). Not finite: left to the core's error."""
+    if softmax_scale is None:
+        return q, None
+    c = _number("softmax_scale", softmax_scale, float)
+    if c < 0:
+        return -q, -c
+    if c == 0:
+        return q * 0, 1.0
+    return q, c
+
+
 def _attn_options(q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                   causal, window_size, softcap, alibi_slopes, causal_alignment, learnable_sink,
                   deterministic=False) -> AttnOptions:
@@ -347,9 +370,7 @@ def _attn_options(q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_se
                                     f"(got {tuple(learnable_sink.shape)})")
         if learnable_sink.device != q.device:
             _fail("learnable_sink", f"must be on q's device ({q.device}, got {learnable_sink.device})")
-    left, right = window_pair(window_size)
-    if causal:
-        right = 0  # flash_attn's rule (mha_fwd / mha_bwd): causal sets window_size[1] = 0, whatever was given
+    left, right = flash_attn_window(window_size, causal)
     return AttnOptions(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                        max_seqlen_q=_number("max_seqlen_q", max_seqlen_q, int),
                        max_seqlen_k=_number("max_seqlen_k", max_seqlen_k, int),

@@ -43,9 +43,10 @@ from .interface import (
     _number,
     _optional_tensor,
     _pad_head_dim,
+    flash_attn_window,
+    positive_scale,
 )
 from .ops import _export as _dl
-from .ops import window_pair
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -207,9 +208,7 @@ def flash_attn_with_kvcache(
         if rotary_cos.device != device or rotary_sin.device != device:
             _fail("rotary_cos", f"must be on q's device ({device})")
 
-    left, right = window_pair(window_size)
-    if causal:
-        right = 0
+    left, right = flash_attn_window(window_size, causal)
     if not isinstance(num_splits, int) or num_splits < 0:
         _fail("num_splits", f"must be an int >= 0 (0 = the plan picks; got {num_splits!r})")
     softcap = _number("softcap", softcap, float)
@@ -312,6 +311,7 @@ def flash_attn_with_kvcache(
               block_table=_dl(block_table) if native_paged else None, fp8=True, q_descale=_dl(q_descale),
               k_descale=_dl(k_descale), v_descale=_dl(v_descale))
         return (out, lse) if return_softmax_lse else out
+    q, softmax_scale = positive_scale(q, softmax_scale)  # flash_attn takes a scale <= 0 too
     if softmax_scale is None and head_dim % 8 != 0:
         softmax_scale = head_dim ** -0.5  # of the real head dim (the kernels see it padded)
     q_in, k_in, v_in = (_pad_head_dim(t, name) for t, name in ((q, "q"), (k_keys, "k_cache"), (v_keys, "v_cache")))

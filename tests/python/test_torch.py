@@ -238,21 +238,37 @@ def test_non_contiguous_inputs(device, dtype):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
-def test_causal_overrides_window_right(device, dtype):
-    """flash_attn sets window_size[1] = 0 under causal whatever was given (its mha_fwd / mha_bwd), so a causal call
-    with a right window side runs there: the drop-in runs it too, as the causal window it is."""
+def test_flash_attn_window_and_scale_rules(device, dtype):
+    """What flash_attn's checks let through runs here too, with its meaning (its mha_fwd / mha_bwd): causal sets
+    window_size[1] = 0 whatever was given, a negative window side is unbounded, and any softmax_scale runs (the
+    kernels take q negated for a negative one, zeroed for 0)."""
     b, s, h, d = 1, 23, 2, 64
     q, k, v = (make((b, s, h, d), dtype, device, seed) for seed in (11, 12, 13))
-    out = flash_attn_func(q, k, v, causal=True, window_size=(5, 3))
-    ref = flash_attn_func(q, k, v, causal=True, window_size=(5, 0))
-    assert torch.equal(out, ref)
-    unbounded_left = flash_attn_func(q, k, v, causal=True, window_size=(-1, 7))
-    assert torch.equal(unbounded_left, flash_attn_func(q, k, v, causal=True))
+
+    def same(given, meant):
+        out, ref = flash_attn_func(q, k, v, **given), flash_attn_func(q, k, v, **meant)
+        assert torch.equal(out, ref), (given, meant)
+        if can_backward(device):
+            grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+            for a, c in zip(grads, torch.autograd.grad(ref, (q, k, v), torch.ones_like(ref))):
+                assert torch.equal(a, c), (given, meant)
+
+    same(dict(causal=True, window_size=(5, 3)), dict(causal=True, window_size=(5, 0)))
+    same(dict(causal=True, window_size=(-1, 7)), dict(causal=True))
+    same(dict(window_size=(-2, 0)), dict(window_size=(-1, 0)))
+    same(dict(window_size=(-5, -9)), dict())
+    for scale in (-0.3, 0.0):
+        out = flash_attn_func(q, k, v, softmax_scale=scale, causal=True, softcap=2.0)
+        exact, _ = math_attention(q, k, v, causal=True, softcap=2.0, scale=scale)
+        plain, _ = math_attention(q, k, v, causal=True, softcap=2.0, scale=scale, dtype=dtype)
+        assert_close(f"softmax_scale {scale}", out, exact, plain, dtype)
     if can_backward(device):
-        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-        grads_ref = torch.autograd.grad(ref, (q, k, v), torch.ones_like(ref))
-        for a, c in zip(grads, grads_ref):
-            assert torch.equal(a, c)
+        out = flash_attn_func(q, k, v, softmax_scale=-0.3)
+        (dq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
+        q_neg = (-q).detach().requires_grad_()
+        out_neg = flash_attn_func(q_neg, k, v, softmax_scale=0.3)
+        (dq_neg,) = torch.autograd.grad(out_neg, (q_neg,), torch.ones_like(out_neg))
+        assert torch.equal(out, out_neg) and torch.equal(dq, -dq_neg)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
