@@ -341,6 +341,12 @@ def flash_attn_window(window_size, causal) -> Window:
     return max(left, -1), 0 if causal else max(right, -1)
 
 
+def flash_attn_softcap(softcap) -> float:
+    """flash_attn applies softcap only where it is > 0: a negative (or NaN) one is off, as 0 is."""
+    value = _number("softcap", softcap, float)
+    return value if value > 0 else 0.0
+
+
 def positive_scale(q, softmax_scale):
     """(q, softmax_scale) with a scale the kernels take: their online softmax keeps the maximum of the unscaled scores,
     so the core wants a scale > 0, where flash_attn takes any. softmax(c s) = softmax(|c| (-s)) for c < 0: q negated,
@@ -376,8 +382,8 @@ def _attn_options(q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_se
                        max_seqlen_k=_number("max_seqlen_k", max_seqlen_k, int),
                        softmax_scale=None if softmax_scale is None else _number("softmax_scale", softmax_scale, float),
                        causal=bool(causal), top_left=causal_alignment_code(causal_alignment) == ALIGN_TOP_LEFT,
-                       window_left=left, window_right=right, softcap=_number("softcap", softcap, float),
-                       alibi_slopes=alibi_slopes, dropout_p=_number("dropout_p", dropout_p, float),
+                       window_left=left, window_right=right, softcap=flash_attn_softcap(softcap),
+                       alibi_slopes=alibi_slopes, dropout_p=max(_number("dropout_p", dropout_p, float), 0.0),
                        deterministic=bool(deterministic),
                        sinks=None if learnable_sink is None else learnable_sink.float().contiguous())
 

@@ -43,6 +43,7 @@ from .interface import (
     _number,
     _optional_tensor,
     _pad_head_dim,
+    flash_attn_softcap,
     flash_attn_window,
     positive_scale,
 )
@@ -211,7 +212,7 @@ def flash_attn_with_kvcache(
     left, right = flash_attn_window(window_size, causal)
     if not isinstance(num_splits, int) or num_splits < 0:
         _fail("num_splits", f"must be an int >= 0 (0 = the plan picks; got {num_splits!r})")
-    softcap = _number("softcap", softcap, float)
+    softcap = flash_attn_softcap(softcap)
     if softmax_scale is not None:
         softmax_scale = _number("softmax_scale", softmax_scale, float)
     _optional_tensor("alibi_slopes", alibi_slopes)

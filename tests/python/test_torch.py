@@ -240,8 +240,8 @@ def test_non_contiguous_inputs(device, dtype):
 @pytest.mark.parametrize("device,dtype", DEVICES_DTYPES)
 def test_flash_attn_window_and_scale_rules(device, dtype):
     """What flash_attn's checks let through runs here too, with its meaning (its mha_fwd / mha_bwd): causal sets
-    window_size[1] = 0 whatever was given, a negative window side is unbounded, and any softmax_scale runs (the
-    kernels take q negated for a negative one, zeroed for 0)."""
+    window_size[1] = 0 whatever was given, a negative window side is unbounded, softcap applies only where > 0,
+    dropout only for p > 0, and any softmax_scale runs (the kernels take q negated for a negative one, zeroed for 0)."""
     b, s, h, d = 1, 23, 2, 64
     q, k, v = (make((b, s, h, d), dtype, device, seed) for seed in (11, 12, 13))
 
@@ -257,6 +257,9 @@ def test_flash_attn_window_and_scale_rules(device, dtype):
     same(dict(causal=True, window_size=(-1, 7)), dict(causal=True))
     same(dict(window_size=(-2, 0)), dict(window_size=(-1, 0)))
     same(dict(window_size=(-5, -9)), dict())
+    same(dict(softcap=-1.0), dict())
+    same(dict(softcap=float("nan"), causal=True), dict(causal=True))
+    same(dict(dropout_p=-0.1), dict())
     for scale in (-0.3, 0.0):
         out = flash_attn_func(q, k, v, softmax_scale=scale, causal=True, softcap=2.0)
         exact, _ = math_attention(q, k, v, causal=True, softcap=2.0, scale=scale)
