@@ -210,8 +210,9 @@ def flash_attn_with_kvcache(
             _fail("rotary_cos", f"must be on q's device ({device})")
 
     left, right = flash_attn_window(window_size, causal)
-    if not isinstance(num_splits, int) or num_splits < 0:
-        _fail("num_splits", f"must be an int >= 0 (0 = the plan picks; got {num_splits!r})")
+    if not isinstance(num_splits, int):
+        _fail("num_splits", f"must be an int, 0 = the plan picks (got {num_splits!r})")
+    num_splits = max(num_splits, 0)  # flash_attn: any num_splits < 1 is its heuristic's pick
     softcap = flash_attn_softcap(softcap)
     if softmax_scale is not None:
         softmax_scale = _number("softmax_scale", softmax_scale, float)

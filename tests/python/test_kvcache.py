@@ -248,7 +248,10 @@ def test_errors_name_the_argument():
         flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=1,
                                 cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="num_splits"):
-        flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=1, num_splits=-1)
+        flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=1, num_splits=1.5)
+    # flash_attn takes any num_splits < 1 as its heuristic's pick.
+    assert torch.equal(flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, num_splits=-2),
+                       flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, num_splits=0))
     # A decode step that appends nothing, past the cache: named as the caller's argument on the CPU (the library
     # saw only its seqused_k; CUDA kernels clamp to the cache instead of synchronising to check).
     with pytest.raises(ValueError, match="^cache_seqlens: entries must be at most the cache's 10 slots"):
