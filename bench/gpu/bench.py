@@ -438,7 +438,6 @@ def feature_rows(b: Bench, ours, feature: str):
             times = {name: [] for name in calls}
             try:
                 for name in order:
-                    calls[name][which]()
                     times[name].append(b.time(calls[name][which]))
             except Exception as e:  # noqa: BLE001 (a failure is a row, not the end of the run)
                 for name in calls:

@@ -174,14 +174,16 @@ if ! skip build; then
       # The extension is built in the same tree (the kernels compile once) for this machine's python3.
       pyext=("-DFLASHATTN_PYTHON=ON" "-DPython_EXECUTABLE=$PY" "-Dnanobind_DIR=$("$PY" -m nanobind --cmake_dir 2>/dev/null)")
     fi
-    read -r -a gt <<<"$(gtest_args 2>>"$BUILD_LOG")"
     # A run without the correctness steps (a record benchmark) builds what the benchmarks run: no C++ test binaries
-    # and no sm90 score-mods units (softcap/ALiBi are not benchmarked): 42 kernel units instead of 48 and no test
-    # units, about 580 s of compile time less (estimated from bench/results/2026-12-05_build_units.md; some 35 s of
-    # a 16-core build, which session 29's record run needed: its budget ran out before the last rows).
+    # (nor GoogleTest) and no sm90 score-mods units (softcap/ALiBi are not benchmarked): 42 kernel units instead of
+    # 48 and no test units, about 580 s of compile time less (estimated from bench/results/2026-12-05_build_units.md;
+    # some 35 s of a 16-core build, which session 29's record run needed: its budget ran out before the last rows).
+    gt=()
     if skip ctest && skip ctest_cpu && skip check && skip pytest && skip sanitize; then
-      gt=(-DFLASHATTN_TESTS=OFF -DFLASHATTN_SM90_SCORE_MODS=OFF)
+      extra+=(-DFLASHATTN_TESTS=OFF -DFLASHATTN_SM90_SCORE_MODS=OFF)
       BENCH_SET=" (benchmarked kernels only: no tests, no sm90 score-mods units)"
+    else
+      read -r -a gt <<<"$(gtest_args 2>>"$BUILD_LOG")"
     fi
     # Configured when cmake succeeds, or when it reports an error but still wrote build.ninja (a generate-time
     # complaint about one target need not stop the rest); then fewer parts until something configures.
