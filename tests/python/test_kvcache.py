@@ -302,6 +302,38 @@ def test_cuda_graph_decode_loop():
         lens.add_(1)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of flashattn")
+@pytest.mark.parametrize("num_splits", [4, 16])
+def test_cuda_graph_split_decode(num_splits):
+    """A split-KV decode call (its combine kernel a programmatic dependent launch of the forward on sm90) captured
+    and replayed with new queries: each replay equals an uncaptured call bit for bit, and the replays' combine never
+    reads partials of another replay (the queries change between them)."""
+    gen = torch.Generator().manual_seed(5)
+    batch, hq, hkv, d, keys = 1, 16, 2, 128, 4096
+    dt = torch.bfloat16
+    kc, vc = rand((batch, keys, hkv, d), dt, "cuda", gen), rand((batch, keys, hkv, d), dt, "cuda", gen)
+    q = rand((batch, 1, hq, d), dt, "cuda", gen)
+
+    def step():
+        return flash_attn_with_kvcache(q, kc, vc, num_splits=num_splits, return_softmax_lse=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    for _ in range(3):
+        q.copy_(rand(q.shape, dt, "cuda", gen))
+        graph.replay()
+        want, want_lse = flash_attn_with_kvcache(q.clone(), kc, vc, num_splits=num_splits, return_softmax_lse=True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+        assert not out.isnan().any()
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_torch_compile_fullgraph_decode_step(paged):
     """torch.compile(fullgraph=True) traces a decode step (rotary, in-place append, attention): the same output
