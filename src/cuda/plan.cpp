@@ -222,11 +222,6 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   if (f.num_splits > 1) {
     f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);
     f.workspace_bytes = f.split.bytes;
-#ifdef FLASHATTN_SM90_ABLATIONS
-    // Ablation builds: FLASHATTN_SM90_COMBINE_PDL=0 launches the combine plainly after the forward, read at every
-    // call so that one process times both.
-    if (const char* pdl = std::getenv("FLASHATTN_SM90_COMBINE_PDL"); pdl != nullptr) f.combine_pdl = pdl[0] != '0';
-#endif
   }
   // FP8: the P.V wgmma reads V K-major (keys contiguous), so the launch first writes V transposed after the rest
   // of the workspace, 16-key aligned rows (FwdParams::v_t).

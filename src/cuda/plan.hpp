@@ -68,13 +68,12 @@ struct FwdPlan {
   int warps = 0;   // sm80: warps per CTA; sm90: consumer warpgroups
   int stages = 0;  // sm90: K/V pipeline depth
   Schedule schedule = Schedule::kPerTile;
-  int64_t m_blocks = 0;     // query blocks per (batch, head); packed: of (position, head) rows per KV head
-  int64_t tiles = 0;        // (query block, head, batch) tiles; packed: heads are KV heads
-  int grid = 0;             // CTAs launched (persistent: min(tiles, SMs))
-  int section_heads = 1;    // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
-  int num_splits = 1;       // sm90 split-KV: key-block ranges per tile, merged by the combine kernel (1: none)
-  SplitWorkspace split;     // num_splits > 1: where the partials live in the workspace
-  bool combine_pdl = true;  // num_splits > 1: the combine kernel launched as a programmatic dependent of the forward
+  int64_t m_blocks = 0;   // query blocks per (batch, head); packed: of (position, head) rows per KV head
+  int64_t tiles = 0;      // (query block, head, batch) tiles; packed: heads are KV heads
+  int grid = 0;           // CTAs launched (persistent: min(tiles, SMs))
+  int section_heads = 1;  // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
+  int num_splits = 1;     // sm90 split-KV: key-block ranges per tile, merged by the combine kernel (1: none)
+  SplitWorkspace split;   // num_splits > 1: where the partials live in the workspace
   PagedLoad paged = PagedLoad::kNone;
   int64_t gather_bytes = 0;     // kGather: bytes of the K and V copies at the workspace's start (kernel's after)
   int64_t v_t_offset = 0;       // FP8 (sm90): where V transposed lives in the workspace (FwdParams::v_t)

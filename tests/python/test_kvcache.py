@@ -305,9 +305,9 @@ def test_cuda_graph_decode_loop():
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of flashattn")
 @pytest.mark.parametrize("num_splits", [4, 16])
 def test_cuda_graph_split_decode(num_splits):
-    """A split-KV decode call (its combine kernel a programmatic dependent launch of the forward on sm90) captured
-    and replayed with new queries: each replay equals an uncaptured call bit for bit, and the replays' combine never
-    reads partials of another replay (the queries change between them)."""
+    """A split-KV decode call (the forward's partials in the workspace, then the combine kernel) captured and
+    replayed with new queries: each replay equals an uncaptured call bit for bit, so no replay's combine reads the
+    partials of another (the queries change between replays)."""
     gen = torch.Generator().manual_seed(5)
     batch, hq, hkv, d, keys = 1, 16, 2, 128, 4096
     dt = torch.bfloat16

@@ -32,11 +32,6 @@ constexpr int kCombineChunks = FwdParams::kMaxKvSplits / 32;  // a lane keeps sp
 template <class Element>
 __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const FwdParams p) {
   constexpr unsigned kAll = 0xffffffffu;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the forward (launch_split_combine): nothing the forward writes is read
-  // before its grid has completed and its writes are visible.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   const int lane = int(threadIdx.x) % 32;
   const int64_t item = int64_t(blockIdx.x) * kCombineWarps + int(threadIdx.x) / 32;  // head * rows + row
   if (item >= int64_t(p.heads_q) * p.partial_rows) return;  // the whole warp: the shuffles below see every lane
@@ -108,29 +103,10 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const Fw
 }
 
 template <class Element>
-cudaError_t launch_split_combine(const FwdParams& p, bool pdl, cudaStream_t stream) {
+cudaError_t launch_split_combine(const FwdParams& p, cudaStream_t stream) {
   const int64_t items = int64_t(p.heads_q) * p.partial_rows;
   const int64_t blocks = (items + kCombineWarps - 1) / kCombineWarps;
   if (blocks > 0x7fffffff || p.num_splits > FwdParams::kMaxKvSplits) return cudaErrorInvalidConfiguration;
-  // A programmatic dependent launch: the kernel may be launched (its CTAs placed, up to its griddepcontrol.wait)
-  // while the forward still runs, which the forward allows at its start; the kernel boundary's launch latency
-  // then overlaps the forward (decode 1 x 64k: 13 us of a 85 us call were outside the kernels,
-  // bench/results/2026-12-03_h200_session24/README.md). Where the attribute is refused, or the plan says not
-  // (FwdPlan::combine_pdl), a plain launch.
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(kCombineThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  if (pdl) {
-    if (cudaLaunchKernelEx(&config, split_combine_kernel<Element>, p) == cudaSuccess) return cudaSuccess;
-    (void)cudaGetLastError();  // the refused launch's error, not a sticky one
-  }
   split_combine_kernel<Element><<<unsigned(blocks), kCombineThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

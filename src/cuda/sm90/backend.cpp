@@ -150,7 +150,7 @@ detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* w
   if (cudaError_t e = launch(params, plan, static_cast<int*>(workspace), stream); e != cudaSuccess)
     return runtime_error("cuda-sm90 forward kernel launch", e);
   if (plan.num_splits > 1)
-    if (cudaError_t e = launch_split_combine(params, p.out_dtype, plan.combine_pdl, stream); e != cudaSuccess)
+    if (cudaError_t e = launch_split_combine(params, p.out_dtype, stream); e != cudaSuccess)
       return runtime_error("cuda-sm90 split-KV combine kernel launch", e);
   return detail::ok();
 }

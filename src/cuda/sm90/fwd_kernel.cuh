@@ -78,10 +78,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   Pipeline pipe_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
   __syncthreads();  // every mbarrier is initialised before anyone waits on it
 
-  // Split-KV: the combine kernel after this one is launched as a programmatic dependent (common/split_combine.cuh):
-  // letting it launch now hides its launch behind this grid; it waits for this grid's completion and memory before
-  // it reads the partials, so where this sits changes timing only.
-  if (p.num_splits > 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const TileScheduler sched{kp.num_m_blocks, kPackGQA ? p.heads_q / p.group : p.heads_q,
                             p.batch,         p.num_splits,
                             p.has_window,    kp.section_heads,

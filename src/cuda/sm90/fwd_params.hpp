@@ -18,8 +18,7 @@ cudaError_t launch_fwd(const FwdParams& params, const FwdPlan& plan, int* worksp
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes);
 // Split-KV: merges the partials of a launch with params.num_splits > 1 into out and lse (split_combine.cu).
-// `pdl`: as a programmatic dependent launch (its launch overlaps the forward's grid), else a plain one.
-cudaError_t launch_split_combine(const FwdParams& params, fa_dtype dtype, bool pdl, cudaStream_t stream);
+cudaError_t launch_split_combine(const FwdParams& params, fa_dtype dtype, cudaStream_t stream);
 // FP8: V (params.v) transposed into params.v_t (v_t_keys keys per row), ahead of the kernel (fp8_v_transpose.cu).
 cudaError_t launch_fp8_v_transpose(const FwdParams& params, cudaStream_t stream);
 

@@ -5,9 +5,9 @@
 
 namespace flashattn::cuda::sm90 {
 
-cudaError_t launch_split_combine(const FwdParams& p, fa_dtype dtype, bool pdl, cudaStream_t stream) {
-  if (dtype == FA_FLOAT16) return cuda::launch_split_combine<cutlass::half_t>(p, pdl, stream);
-  return cuda::launch_split_combine<cutlass::bfloat16_t>(p, pdl, stream);
+cudaError_t launch_split_combine(const FwdParams& p, fa_dtype dtype, cudaStream_t stream) {
+  if (dtype == FA_FLOAT16) return cuda::launch_split_combine<cutlass::half_t>(p, stream);
+  return cuda::launch_split_combine<cutlass::bfloat16_t>(p, stream);
 }
 
 }  // namespace flashattn::cuda::sm90
