@@ -201,9 +201,12 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
   // Under causal/window tile lengths differ: a global counter hands out tiles longest first. Without a window
   // every tile costs the same and the static round-robin needs no counter (sm90/fwd_kernel.cuh TileScheduler).
   f.schedule = f.windowed ? Schedule::kPersistentDynamic : Schedule::kPersistentStatic;
-  // CTA slots: one per SM (most of shared memory), t.ctas_per_sm for the decode tiles.
+  // CTA slots: one per SM (most of shared memory), t.ctas_per_sm for the decode tiles. Splits fill the SMs, not
+  // the slots: at two CTAs per SM, splits for every slot (1 x 64k: 33, 8 x 16k: 4) lost more in the combine than the
+  // second CTA gained (H100 decode sweep, bench/results/2026-12-06_h100_session31/README.md: 16 and 2 splits were
+  // 1.0 % and 0.9 % faster a call; session 24 saw the same at 1 x 64k on the H200).
   const int slots = dev.sms * t.ctas_per_sm;
-  f.num_splits = kv_splits(p, f, exec.num_splits, slots);
+  f.num_splits = kv_splits(p, f, exec.num_splits, dev.sms);
   f.grid = int(std::min<int64_t>(f.tiles * f.num_splits, slots));
   // K and V bytes one (batch, head) streams: a section of heads whose K/V take about half of L2.
   const int64_t elem = int64_t(flashattn::dtype_size(p.dtype));
