@@ -721,6 +721,10 @@ TEST(CudaSequsedK, ClampedOnDeviceAndCapturable) {
 // Backend::tile_shape reports the same constexpr tiles the kernel is compiled with.
 TEST(Sm80Validation, TileShapeReported) {
   SKIP_WITHOUT_GPU();
+#if defined(FA_TEST_KERNEL_SET_CI)
+  // Its calls need the sm80 d64 and d256 kernels; the ci set has d128 only, where a d64 call runs on d128's tiles.
+  GTEST_SKIP() << "FLASHATTN_KERNELS=ci builds no sm80 d64/d256 kernel";
+#endif
   SmallCall call;  // head_dim 64: served by the d64 kernel
   fa_exec exec = fa_exec_default();
   exec.backend = FA_BACKEND_CUDA_SM80;
