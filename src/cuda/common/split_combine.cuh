@@ -22,13 +22,13 @@ constexpr int kCombineChunks = FwdParams::kMaxKvSplits / 32;  // a lane keeps sp
 
 // One warp per (head, row). The lanes read the splits' LSEs once (split 32 c + lane into the lane's w[c]), form L
 // and turn them into weights in place; then each lane adds 4 columns of every split, in split order, the weights
-// broadcast by shuffles, kCombineBatch splits' 16-byte loads issued before their adds. Their addresses must not
-// depend on the weights: with each load predicated on its split's shuffled weight, sm_90a's SASS kept at most two
-// of a batch's loads in flight (H200, decode 1 x 64k, 33 splits of 32 rows at d128: 7.2 us that way, 5.2 issued
-// together; cuDNN's reduction 2.9; bench/results/2026-12-03_h200_session25/). The weights stay in registers, not
-// shared memory: a combine that declares shared memory made each decode call's time beyond its kernels 14 -> 96 us
-// at 1 x 64k (bench/results/2026-12-03_h200_session24/, presumably the SM's shared-memory carveout switched between
-// the forward, which takes nearly all of it, and the combine).
+// broadcast by shuffles, kCombineBatch splits' 16-byte loads issued before their adds (the first batch before the
+// LSEs). Their addresses must not depend on the weights: with each load predicated on its split's shuffled weight,
+// sm_90a's SASS kept at most two of a batch's loads in flight (H200, decode 1 x 64k, 33 splits of 32 rows at d128:
+// 7.2 us that way, 5.2 issued together; cuDNN's reduction 2.9; bench/results/2026-12-03_h200_session25/). The
+// weights stay in registers, not shared memory: a combine that declares shared memory made each decode call's time
+// beyond its kernels 14 -> 96 us at 1 x 64k (bench/results/2026-12-03_h200_session24/, presumably the SM's
+// shared-memory carveout switched between the forward, which takes nearly all of it, and the combine).
 template <class Element>
 __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const FwdParams p) {
   constexpr unsigned kAll = 0xffffffffu;
@@ -38,6 +38,27 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const Fw
   const int64_t head = item / p.partial_rows, row = item % p.partial_rows;
   const int64_t split_stride = int64_t(p.heads_q) * p.partial_rows;
   const int splits = p.num_splits;
+
+  const float* o_item = p.o_partial + item * p.head_dim_v;
+  // One batch of kCombineBatch splits' 16-byte loads at columns col0 + 4 lane into o. Unpredicated: a split past
+  // the last and a column past head_dim_v read split 0's first columns (always there), and the select in the sum
+  // drops what they and weight-0 splits read (an empty split's partial may be stale, NaN included, and 0 * NaN is
+  // not 0). Their addresses do not depend on the weights, so the first batch is issued before the LSE loads: the
+  // LSE reduction then runs under its latency, where the loads after it made two dependent L2 round trips (the
+  // SASS: every O load after the weights' shuffles; H100, decode d128: 3.7 -> 2.8 us at 1 x 64k, 16 splits, and
+  // 4.0 -> 3.0 us at 8 x 16k, 2 splits, bench/results/2026-12-06_h100_session32/README.md). A decode call of up to 16
+  // splits and head_dim_v <= 128 reads everything in that first batch.
+  auto load_batch = [&](int col0, int first_split, float4(&o)[kCombineBatch]) {
+    const int col = col0 + lane * 4;
+    const bool in = col < p.head_dim_v;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const int64_t s = first_split + j < splits ? first_split + j : 0;
+      o[j] = __ldg(reinterpret_cast<const float4*>(o_item + s * split_stride * p.head_dim_v + (in ? col : 0)));
+    }
+  };
+  float4 first[kCombineBatch];
+  load_batch(0, 0, first);
 
   using Rule = detail::LseMerge;
   const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
@@ -66,31 +87,29 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const Fw
   const int64_t b = varlen ? 0 : row / p.seqlen_q, i = varlen ? row : row % p.seqlen_q;
   if (p.lse != nullptr && lane == 0) p.lse[b * p.lse_batch + i * p.lse_row + head * p.lse_head] = lse;
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch + i * p.o_row + head * p.o_head;
-  const float* o_item = p.o_partial + item * p.head_dim_v;
+  // The sum of one batch (splits 32 c + j0 ...) into acc, in split order.
+  auto add_batch = [&](float4& acc, float4(&o)[kCombineBatch], float wc, int j0, bool in) {
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const float ws = __shfl_sync(kAll, wc, j0 + j);
+      if (!in || ws == 0.f) o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      acc.x += ws * o[j].x, acc.y += ws * o[j].y, acc.z += ws * o[j].z, acc.w += ws * o[j].w;
+    }
+  };
   // Every lane runs every column round (the shuffles), past head_dim_v predicated; head_dim_v is a multiple of 8.
+  // The first round's first batch is the one loaded above (peeled, so that it stays in registers).
   for (int col0 = 0; col0 < p.head_dim_v; col0 += 32 * 4) {
     const int col = col0 + lane * 4;
     const bool in = col < p.head_dim_v;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (col0 == 0) add_batch(acc, first, w[0], 0, in);
 #pragma unroll
     for (int c = 0; c < kCombineChunks; ++c) {
       if (32 * c >= splits) break;
-      for (int j0 = 0; j0 < 32 && 32 * c + j0 < splits; j0 += kCombineBatch) {
+      for (int j0 = c == 0 && col0 == 0 ? kCombineBatch : 0; j0 < 32 && 32 * c + j0 < splits; j0 += kCombineBatch) {
         float4 o[kCombineBatch];
-#pragma unroll
-        for (int j = 0; j < kCombineBatch; ++j) {
-          // Unpredicated loads: a split past the last and a column past head_dim_v read split 0's first columns
-          // (always there), and the select below drops what they and weight-0 splits read (an empty split's partial
-          // may be stale, NaN included, and 0 * NaN is not 0).
-          const int64_t s = 32 * c + j0 + j < splits ? 32 * c + j0 + j : 0;
-          o[j] = __ldg(reinterpret_cast<const float4*>(o_item + s * split_stride * p.head_dim_v + (in ? col : 0)));
-        }
-#pragma unroll
-        for (int j = 0; j < kCombineBatch; ++j) {
-          const float ws = __shfl_sync(kAll, w[c], j0 + j);
-          if (!in || ws == 0.f) o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-          acc.x += ws * o[j].x, acc.y += ws * o[j].y, acc.z += ws * o[j].z, acc.w += ws * o[j].w;
-        }
+        load_batch(col0, 32 * c + j0, o);
+        add_batch(acc, o, w[c], j0, in);
       }
     }
     if (in) {
