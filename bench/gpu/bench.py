@@ -47,7 +47,7 @@ PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash2": SDPBackend.FLASH_ATTENTI
 MECHANISMS_ENV = "FLASHATTN_SM90_MECHANISMS"
 ABLATION_VARIANTS = ("default", "no_pingpong", "no_overlap", "not_persistent", "stages1", "block_k128",
                      "no_pingpong_no_overlap", "smem_epilogue", "late_q_release", "serial_rows",
-                     "eager_store_wait", "single_q", "plain_pv_wait")
+                     "eager_store_wait", "single_q", "plain_pv_wait", "eager_rescale")
 ABLATION_SEQLENS = (2048, 8192, 16384)
 ABLATION_HDIM = 128
 FIELDS = ["kind", "backend", "dtype", "hdim", "causal", "seqlen", "batch", "heads", "ms", "tflops", "note"]

@@ -262,6 +262,12 @@ struct FwdMainloop {
 
     if constexpr (Mech::kIntraWgOverlap) {
       int n = range.hi - 1;
+      // kRescaleUnderQk: a step's correction of O is applied in the next step, once its Q.K^T is issued and before
+      // its P.V (FlashAttention-3's order), where the multiplies run beside the tensor cores' Q.K^T; O is not in
+      // flight then (the step's P.V was waited for). EagerRescale applies it right after the P.V wait, between
+      // that wait and the next step's GEMM issue: 1-3 % slower at 16k for d64/d128/d256, within 1 % below 2k (H100,
+      // bench/results/2026-12-06_h100_session33/README.md).
+      bool rescale_pending = false;
       {
         prob_mod.draw(cS_rc, m0_wg, n * kBlockN);
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kWgRows>, Int<kBlockN>>{});
@@ -280,6 +286,8 @@ struct FwdMainloop {
         pipe_k.consumer_wait(k_read);
         pingpong.wait();
         wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+        if constexpr (Mech::kRescaleUnderQk)
+          if (rescale_pending) softmax.rescale(o_rc, correction);
         pipe_v.consumer_wait(v_read);
         wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
         pingpong.signal();
@@ -302,12 +310,17 @@ struct FwdMainloop {
         } else {
           warpgroup_wait<0>();
         }
-        if (rescale) softmax.rescale(o_rc, correction);
+        if constexpr (Mech::kRescaleUnderQk)
+          rescale_pending = rescale;
+        else if (rescale)
+          softmax.rescale(o_rc, correction);
         pipe_v.consumer_release(v_read);
         ++v_read;
         to_probs(tSrS);
       }
       q_done();  // every Q.K^T has completed (the last wait above was warpgroup_wait<0>, or qk_alone's)
+      if constexpr (Mech::kRescaleUnderQk)
+        if (rescale_pending) softmax.rescale(o_rc, correction);
       pv_alone();
     } else {
       for (int n = range.hi - 1; n >= range.lo; --n) {

@@ -18,6 +18,7 @@ struct EagerStoreWait {};       // a warpgroup's O store is waited for right aft
 struct SingleQ {};              // one Q buffer: the next tile's Q loads only once this tile's is released
 struct DrawAtStepTop {};        // dropout: a key block's mask is drawn before its GEMMs issue, not while they run
 struct PlainPvWait {};          // the P.V wait as one statement after the softmax (ptxas hoists it to the row max)
+struct EagerRescale {};         // O rescaled right after the P.V wait, not under the next step's Q.K^T
 template <int N>
 struct KvStages {};  // K/V pipeline depth instead of the tile table's
 template <int N>
@@ -45,6 +46,7 @@ struct Mechanisms {
   static constexpr bool kDoubleQ = !(false || ... || std::is_same_v<Options, SingleQ>);
   static constexpr bool kDrawUnderGemms = !(false || ... || std::is_same_v<Options, DrawAtStepTop>);
   static constexpr bool kPinnedPvWait = !(false || ... || std::is_same_v<Options, PlainPvWait>);
+  static constexpr bool kRescaleUnderQk = !(false || ... || std::is_same_v<Options, EagerRescale>);
   static constexpr int kStages = (0 + ... + StagesOf<Options>::value);  // 0: the tile table's depth
   static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
 };
