@@ -57,7 +57,8 @@ detail::Error check_pointers(const detail::Problem& p, bool backward) {
 
 // The plan's kernels on `workspace` (plan.workspace_bytes): a gathered paged call first copies its keys into the
 // workspace's start and runs the contiguous problem over them.
-detail::Error run_forward_plan(const detail::Problem& p, const FwdPlan& plan, char* workspace, cudaStream_t stream) {
+detail::Error run_forward_plan(const detail::Problem& p, const FwdPlan& plan, char* workspace, int* counter,
+                               cudaStream_t stream) {
   if (plan.paged == PagedLoad::kGather) {
     GatherLayout layout;
     if (!gather_layout(p, &layout)) return detail::backend_error("paged K/V gather: the plan's layout overflows");
@@ -68,13 +69,13 @@ detail::Error run_forward_plan(const detail::Problem& p, const FwdPlan& plan, ch
     FwdPlan contiguous = plan;
     contiguous.paged = PagedLoad::kNone;
     contiguous.workspace_bytes -= plan.gather_bytes;
-    return run_forward_plan(contiguous_kv(p, k, v), contiguous, workspace + plan.gather_bytes, stream);
+    return run_forward_plan(contiguous_kv(p, k, v), contiguous, workspace + plan.gather_bytes, counter, stream);
   }
   switch (plan.family) {
     case Family::kSm80: return sm80::run_forward(p, plan, stream);
     case Family::kSm90:
 #ifdef FLASHATTN_WITH_SM90
-      return sm90::run_forward(p, plan, workspace, stream);
+      return sm90::run_forward(p, plan, workspace, counter, stream);
 #else
       break;
 #endif
@@ -93,8 +94,11 @@ detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
   if (detail::Error e = check_device_pointer("block_table", p.block_table, p.device_index); !e.ok()) return e;
   const auto stream = static_cast<cudaStream_t>(exec.stream);
   Workspace ws;
-  if (detail::Error e = ws.acquire(p.device_index, stream, size_t(plan.workspace_bytes)); !e.ok()) return e;
-  const detail::Error launched = run_forward_plan(p, plan, static_cast<char*>(ws.data()), stream);
+  if (detail::Error e = ws.acquire(p.device_index, stream, size_t(plan.workspace_bytes),
+                                   plan.schedule == Schedule::kPersistentDynamic);
+      !e.ok())
+    return e;
+  const detail::Error launched = run_forward_plan(p, plan, static_cast<char*>(ws.data()), ws.counter(), stream);
   const detail::Error released = ws.release();
   return launched.ok() ? released : launched;
 }

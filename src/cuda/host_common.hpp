@@ -75,7 +75,10 @@ Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods, bool dropout);
 Instance find_bwd(fa_dtype dtype, int64_t need, bool dropout);
 detail::Error run_backward(const detail::Problem& p, const BwdPlan& plan, cudaStream_t stream);
 // `workspace`: plan.workspace_bytes of device memory ordered on `stream` (null when the plan needs none).
-detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* workspace, cudaStream_t stream);
+// `counter`: the dynamic schedule's tile counter, an int at zero that the kernel leaves at zero (Workspace); null:
+// the workspace's first int, zeroed by the launch.
+detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* workspace, int* counter,
+                          cudaStream_t stream);
 }  // namespace sm90
 
 // The plan of a call for the family of the backend that was selected (plan.cpp): the sm90 family falls back to

@@ -13,6 +13,7 @@ namespace {
 struct Cached {
   void* data = nullptr;
   size_t bytes = 0;
+  int* counter = nullptr;  // the tile counter (workspace.hpp), allocated at the first call that wants it
 };
 constexpr size_t kMinBytes = 256;  // the smallest buffer kept: a tile counter needs 4 bytes, split-KV more
 
@@ -26,11 +27,12 @@ std::map<std::pair<int, cudaStream_t>, Cached>& cache() {
 
 Workspace::~Workspace() { release(); }
 
-detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes) {
+detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes, bool counter) {
   data_ = nullptr;
+  counter_ = nullptr;
   stream_ = stream;
   transient_ = false;
-  if (bytes == 0) return detail::ok();
+  if (bytes == 0 && !counter) return detail::ok();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess)
     return runtime_error("cudaStreamIsCapturing", e);
@@ -42,10 +44,21 @@ detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes) 
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   Cached& c = cache()[{device, stream}];
+  if (counter && c.counter == nullptr) {
+    void* p = nullptr;
+    if (cudaError_t e = cudaMallocAsync(&p, sizeof(int), stream); e != cudaSuccess)
+      return runtime_error("tile counter (cudaMallocAsync)", e);
+    if (cudaError_t e = cudaMemsetAsync(p, 0, sizeof(int), stream); e != cudaSuccess) {
+      cudaFreeAsync(p, stream);
+      return runtime_error("tile counter (cudaMemsetAsync)", e);
+    }
+    c.counter = static_cast<int*>(p);
+  }
+  if (counter) counter_ = c.counter;
   if (c.bytes < bytes) {
     if (c.data != nullptr) {
       if (cudaError_t e = cudaFreeAsync(c.data, stream); e != cudaSuccess) return runtime_error("cudaFreeAsync", e);
-      c = Cached{};
+      c.data = nullptr, c.bytes = 0;  // the counter stays
     }
     const size_t want = bytes < kMinBytes ? kMinBytes : bytes;
     if (cudaError_t e = cudaMallocAsync(&c.data, want, stream); e != cudaSuccess)

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -826,6 +827,92 @@ TEST(Sm80Validation, Sm90TileShapeReported) {
   ASSERT_TRUE(sm90_tile_shape(call, &bq, &bk)) << fa_last_error();
   EXPECT_EQ(bq, fwd_tiles(64, FwdEntry::kWindowed).block_q());
   EXPECT_EQ(bk, fwd_tiles(64, FwdEntry::kWindowed).block_k);
+}
+
+// The causal sm90 forward hands out tiles from a tile counter kept per stream at zero between launches: each launch
+// returns it to zero (sm90/tile_scheduler.cuh), and captured launches zero their own first. A launch that found it
+// off zero would skip tiles and leave their rows as the NaN poison. Two shapes (4 tiles, and 288 tiles: more than
+// one per SM, so CTAs claim) alternate on one stream, eagerly and as a replayed graph, each output finite and
+// bit-equal to that shape's first run.
+TEST(Sm90TileCounter, ReturnsToZeroAcrossLaunches) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t batch, seqlen, heads;
+  };
+  const Shape shapes[2] = {{1, 200, 2}, {4, 1100, 8}};
+  constexpr int64_t kDim = 128;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct Call {
+    std::unique_ptr<DeviceBuffer<uint16_t>> q, k, v, out;
+    fa_fwd_params p{};
+  };
+  Call calls[2];
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int i = 0; i < 2; ++i) {
+    const Shape& sh = shapes[i];
+    const size_t n = size_t(sh.batch * sh.seqlen * sh.heads * kDim);
+    int64_t dims[4] = {sh.batch, sh.seqlen, sh.heads, kDim};
+    Call& c = calls[i];
+    c.p.attn = fa_attention_default();
+    c.p.attn.causal = 1;
+    for (auto* b : {&c.q, &c.k, &c.v, &c.out}) *b = std::make_unique<DeviceBuffer<uint16_t>>(n);
+    for (auto* b : {&c.q, &c.k, &c.v}) {
+      std::vector<uint16_t> h(n);
+      for (auto& x : h) x = to_storage(FA_BFLOAT16, normal(rng));
+      (*b)->upload(h);
+    }
+    c.p.attn.q = fa_make_tensor(c.q->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims);
+    c.p.attn.k = fa_make_tensor(c.k->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims);
+    c.p.attn.v = fa_make_tensor(c.v->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims);
+    c.p.out = fa_make_tensor(c.out->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims);
+  }
+  fa_exec exec = fa_exec_default();
+  exec.backend = FA_BACKEND_CUDA_SM90;
+  exec.stream = stream;
+  auto poison = [&](Call& c) {
+    ASSERT_EQ(cudaMemsetAsync(c.out->ptr, 0xff, c.out->n * sizeof(uint16_t), stream), cudaSuccess);
+  };
+  auto result = [&](Call& c) {
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return c.out->download();
+  };
+  std::vector<uint16_t> first[2];
+  for (int i = 0; i < 2; ++i) {
+    poison(calls[i]);
+    const fa_status st = fa_forward(&calls[i].p, &exec);
+    if (st == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(fa_last_error())) GTEST_SKIP() << fa_last_error();
+    ASSERT_EQ(st, FA_OK) << fa_last_error();
+    first[i] = result(calls[i]);
+    for (const uint16_t x : first[i]) ASSERT_TRUE(std::isfinite(from_storage(FA_BFLOAT16, x))) << "shape " << i;
+  }
+  for (int round = 0; round < 3; ++round)
+    for (int i = 0; i < 2; ++i) {
+      poison(calls[i]);
+      ASSERT_EQ(fa_forward(&calls[i].p, &exec), FA_OK) << fa_last_error();
+      EXPECT_EQ(result(calls[i]), first[i]) << "round " << round << ", shape " << i;
+    }
+  // The large shape captured, replayed between eager calls of the small one.
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  const fa_status st = fa_forward(&calls[1].p, &exec);
+  const std::string msg = fa_last_error();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(st, FA_OK) << msg;
+  cudaGraphExec_t instance = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&instance, graph, 0), cudaSuccess);
+  for (int round = 0; round < 2; ++round) {
+    poison(calls[1]);
+    ASSERT_EQ(cudaGraphLaunch(instance, stream), cudaSuccess);
+    EXPECT_EQ(result(calls[1]), first[1]) << "replay " << round;
+    poison(calls[0]);
+    ASSERT_EQ(fa_forward(&calls[0].p, &exec), FA_OK) << fa_last_error();
+    EXPECT_EQ(result(calls[0]), first[0]) << "eager call after replay " << round;
+  }
+  cudaGraphExecDestroy(instance);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 // On a GPU other than sm90 (or in a build without the Hopper kernels) an explicit cuda-sm90 request is refused

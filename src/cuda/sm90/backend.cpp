@@ -15,7 +15,7 @@ namespace flashattn::cuda::sm90 {
 
 #define FA_SM90_FWD(dtype, hdim, mods, dropout)                                                                      \
   extern template cudaError_t launch_fwd<dtype, hdim, mods, dropout, Mechanisms<>>(const FwdParams&, const FwdPlan&, \
-                                                                                   int*, cudaStream_t);              \
+                                                                                   TileCounter, cudaStream_t);       \
   extern template cudaError_t fwd_attributes<dtype, hdim, mods, dropout, Mechanisms<>>(cudaFuncAttributes*);
 #include "sm90_fwd_kernels.inc"
 #undef FA_SM90_FWD
@@ -27,13 +27,13 @@ namespace flashattn::cuda::sm90 {
 
 #define FA_SM90_ABLATION(name, hdim, dropout, ...)                                        \
   extern template cudaError_t launch_fwd<FA_BFLOAT16, hdim, false, dropout, __VA_ARGS__>( \
-      const FwdParams&, const FwdPlan&, int*, cudaStream_t);
+      const FwdParams&, const FwdPlan&, TileCounter, cudaStream_t);
 #include "sm90_fwd_ablations.inc"
 #undef FA_SM90_ABLATION
 
 namespace {
 
-using Launch = cudaError_t (*)(const FwdParams&, const FwdPlan&, int*, cudaStream_t);
+using Launch = cudaError_t (*)(const FwdParams&, const FwdPlan&, TileCounter, cudaStream_t);
 
 // Ablation builds (FLASHATTN_SM90_ABLATIONS): FLASHATTN_SM90_MECHANISMS=<variant> makes bf16 forwards of the
 // variant's head dim (d128 unless named) without softcap/ALiBi, with dropout where the variant is the dropout
@@ -128,7 +128,8 @@ Instance find_fwd(fa_dtype dtype, int64_t need, bool score_mods, bool dropout) {
   return best;
 }
 
-detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* workspace, cudaStream_t stream) {
+detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* workspace, int* counter,
+                          cudaStream_t stream) {
   FwdParams params = make_fwd_params(p);
   if (plan.paged == PagedLoad::kTmaBlocks || plan.paged == PagedLoad::kTmaRows)
     params.paged_box_rows = plan.paged == PagedLoad::kTmaBlocks ? plan.block_k : kPageBoxRows;
@@ -147,7 +148,15 @@ detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* w
   }
   Launch launch = ablation_launch(p, plan);
   if (launch == nullptr) launch = kFwdKernels[plan.instance].launch;
-  if (cudaError_t e = launch(params, plan, static_cast<int*>(workspace), stream); e != cudaSuccess)
+  // The dynamic schedule's counter: the per-stream one (zero between launches), else the workspace's first int.
+  TileCounter tiles{counter != nullptr ? counter : static_cast<int*>(workspace), counter != nullptr};
+#ifdef FLASHATTN_SM90_ABLATIONS
+  // Ablation builds: FLASHATTN_SM90_COUNTER_MEMSET=1 zeroes the counter before every launch, as before it was kept
+  // at zero (read at every call: both in one process).
+  if (const char* v = std::getenv("FLASHATTN_SM90_COUNTER_MEMSET"); v != nullptr && std::strcmp(v, "1") == 0)
+    tiles.zeroed = false;
+#endif
+  if (cudaError_t e = launch(params, plan, tiles, stream); e != cudaSuccess)
     return runtime_error("cuda-sm90 forward kernel launch", e);
   if (plan.num_splits > 1)
     if (cudaError_t e = launch_split_combine(params, p.out_dtype, stream); e != cudaSuccess)

@@ -29,10 +29,10 @@ auto gmem_tensor(Ptr ptr, int64_t rows, int dim, int heads, int batch, int64_t r
                                  tma_stride<Element>(batch_stride, batch)));
 }
 
-// One kernel of the plan: TMA descriptors, grid and scheduler from the plan's fields. `counter`: the plan's
-// workspace (an int), zeroed here in stream order, for the dynamic schedule.
+// One kernel of the plan: TMA descriptors, grid and scheduler from the plan's fields. `counter`: the dynamic
+// schedule's tile counter, zeroed here in stream order unless it is already.
 template <class Traits, class Opts>
-cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter, cudaStream_t stream) {
+cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, TileCounter counter, cudaStream_t stream) {
   using Element = typename Traits::Element;
   using OutElement = typename Traits::OutElement;
   constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kBlockN = Traits::kBlockN;
@@ -106,9 +106,10 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
   const bool persistent = Traits::Mech::kPersistent && plan.schedule != Schedule::kPerTile;
   const int grid = persistent ? plan.grid : int(plan.tiles * plan.num_splits);
   if (persistent && plan.schedule == Schedule::kPersistentDynamic) {
-    if (counter == nullptr) return cudaErrorInvalidValue;  // the plan's workspace was not provided
-    if (cudaError_t e = cudaMemsetAsync(counter, 0, sizeof(int), stream); e != cudaSuccess) return e;
-    kp.tile_counter = counter;
+    if (counter.ptr == nullptr) return cudaErrorInvalidValue;  // the plan's workspace was not provided
+    if (!counter.zeroed)
+      if (cudaError_t e = cudaMemsetAsync(counter.ptr, 0, sizeof(int), stream); e != cudaSuccess) return e;
+    kp.tile_counter = counter.ptr;
   }
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
   return cudaGetLastError();
@@ -119,7 +120,7 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, int* counter,
 // windowed one's and from each other's, and otherwise run the kernel with the same tiles. Packed GQA, score mods and
 // dropout are their own instantiations (kScoreMods / kDropout: the table entry's flags; dropout is never packed).
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
-cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, int* counter, cudaStream_t stream) {
+cudaError_t launch_fwd(const FwdParams& p, const FwdPlan& plan, TileCounter counter, cudaStream_t stream) {
   using Element = typename ElementOf<kDtype>::type;
   using Windowed = FwdTraits<Element, kHeadDim, FwdEntry::kWindowed, Mech>;
   using Unpacked = FwdVariantOf<kScoreMods, kDropout, false>;

@@ -10,10 +10,18 @@ namespace flashattn::cuda::sm90 {
 
 using cuda::FwdParams;
 
+// The dynamic schedule's tile counter (TileScheduler): an int that must be zero when the kernel starts, and that
+// the kernel leaves at zero. `zeroed`: it is (the per-stream counter of Workspace, which only such kernels use);
+// otherwise (a graph-owned workspace) the launch zeroes it first in stream order.
+struct TileCounter {
+  int* ptr = nullptr;
+  bool zeroed = false;
+};
+
 // One compiled forward kernel (dtype x head dim x score modifiers x dropout x mechanisms); defined in the generated
 // sm90_fwd_*.cu units. `Mech` is a Mechanisms<...> list (fwd_kernel.cuh); the default set uses Mechanisms<>.
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
-cudaError_t launch_fwd(const FwdParams& params, const FwdPlan& plan, int* workspace, cudaStream_t stream);
+cudaError_t launch_fwd(const FwdParams& params, const FwdPlan& plan, TileCounter counter, cudaStream_t stream);
 // Attributes of that kernel; fails when the build holds no code this device can run.
 template <fa_dtype kDtype, int kHeadDim, bool kScoreMods, bool kDropout, class Mech>
 cudaError_t fwd_attributes(cudaFuncAttributes* attributes);

@@ -15,7 +15,7 @@ namespace flashattn::cuda::sm90 {
 // of L2 (without sections, causal d128 at 2k reached 0.83x of cuDNN, every CTA of a wave on another head).
 // Split-KV multiplies every tile into `splits` tiles of consecutive indices (the split fastest), each taking a
 // share of its key blocks (FwdTile). The plan (plan.cpp) decides the schedule, the grid, the sections and the
-// splits; `counter` is its workspace (zeroed before the launch), null for the static schedule.
+// splits; `counter` (zero at the launch, and left at zero: after()) is null for the static schedule.
 struct TileScheduler {
   struct Tile {
     int m_block, head, batch, split;
@@ -44,12 +44,18 @@ struct TileScheduler {
     }
     return {m, hb % heads, hb / heads, split};
   }
-  // The tile after `current`, asked for by one full warp; `leader` is the lane that takes from the counter.
+  // The tile after `current`, asked for by one full warp; `leader` is the lane that claims it from the counter.
+  // A launch makes exactly count() claims over all its CTAs: each CTA one per tile it takes, the last of which finds
+  // no tile. So the claim that draws count() - 1 is the launch's last, and it returns the counter to zero: the next
+  // launch on the stream finds it zeroed without a memset per call (TileCounter, Workspace).
   __device__ int next(int current, bool leader) const {
     if (counter == nullptr) return current + int(gridDim.x);
-    int next = 0;
-    if (leader) next = atomicAdd(counter, 1) + int(gridDim.x);  // the first wave is blockIdx
-    return __shfl_sync(0xffffffffu, next, 0);
+    int claimed = 0;
+    if (leader) {
+      claimed = atomicAdd(counter, 1);
+      if (claimed == count() - 1) atomicExch(counter, 0);
+    }
+    return __shfl_sync(0xffffffffu, claimed, 0) + int(gridDim.x);  // the first wave is blockIdx
   }
 };
 
