@@ -221,6 +221,8 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
     f.paged = p.page_size % f.block_k == 0            ? PagedLoad::kTmaBlocks
               : p.page_size % sm90::kPageBoxRows == 0 ? PagedLoad::kTmaRows
                                                       : PagedLoad::kRows;
+  // The dynamic schedule's tile counter: the workspace's first int serves captured calls (zeroed by their launch);
+  // eager calls take the per-stream counter instead (Workspace), which needs no memset.
   f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
   if (f.num_splits > 1) {
     f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);

@@ -40,7 +40,7 @@ inline SplitWorkspace split_workspace(int splits, int64_t heads, int64_t rows, i
     return (x + SplitWorkspace::kAlign - 1) / SplitWorkspace::kAlign * SplitWorkspace::kAlign;
   };
   SplitWorkspace w;
-  w.lse_offset = SplitWorkspace::kAlign;  // the tile counter's slot
+  w.lse_offset = SplitWorkspace::kAlign;  // the tile counter's slot (captured calls)
   w.o_offset = w.lse_offset + round_up(int64_t(splits) * heads * rows * 4);
   w.bytes = w.o_offset + round_up(int64_t(splits) * heads * rows * head_dim_v * 4);
   return w;

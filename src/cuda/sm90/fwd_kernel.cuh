@@ -57,6 +57,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       ss.empty_q[s].init(Traits::kConsumerThreads);
     }
     ss.follow_ack.init(Load::kRowWarps - 1);
+    ss.claim_full.init(1);
+    ss.claim_empty.init(1);
   }
   // A K/V stage is full when its TMA bytes have landed (the leader's arrival announces them; with row boxes each
   // producer warp's lane 0 announces its own), or, for paged rows gathered with cp.async (Load::load_rows), when each
@@ -87,13 +89,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     // Producer warpgroup: gives its registers to the consumers; one warp issues the loads, and with paged rows or row
     // boxes the other three share each key block.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    // The dynamic schedule's claims come from warp 1 (TileClaims) unless warps 1-3 share the key blocks' loads.
+    // The unmasked entries never run it (plan.cpp: the schedule is dynamic under causal/window only).
+    constexpr bool kMayClaim =
+        Traits::Mech::kClaimWarp && Traits::kEntry != FwdEntry::kWide && Traits::kEntry != FwdEntry::kShort;
+    const bool claim_warp = kMayClaim && sched.counter != nullptr && !Load::shares_blocks(p);
+    if (warp == 1 && claim_warp) {
+      TileClaims::run(sched, ss);
+      return;
+    }
     if (warp != 0 && !Load::shares_blocks(p)) return;
     Load load(kp, ss, pipe_k, pipe_v, warp);
     if (warp != 0) {
       load.follow(sched);
       return;
     }
-    for (int idx = blockIdx.x; idx < sched.count(); idx = sched.next(idx, is_tma_thread)) load.load(sched, idx);
+    for (int idx = blockIdx.x, k = 0; idx < sched.count(); ++k) {
+      load.load(sched, idx);  // one call site: a second inlined copy of the loads spilled (24 registers)
+      idx = claim_warp ? TileClaims::take(ss, k, is_tma_thread) : sched.next(idx, is_tma_thread);
+    }
     load.finish(sched);
     return;
   }

@@ -19,6 +19,7 @@ struct SingleQ {};              // one Q buffer: the next tile's Q loads only on
 struct DrawAtStepTop {};        // dropout: a key block's mask is drawn before its GEMMs issue, not while they run
 struct PlainPvWait {};          // the P.V wait as one statement after the softmax (ptxas hoists it to the row max)
 struct EagerRescale {};         // O rescaled right after the P.V wait, not under the next step's Q.K^T
+struct LateClaim {};            // dynamic schedule: warp 0 claims the next tile after a tile's loads (no claim warp)
 template <int N>
 struct KvStages {};  // K/V pipeline depth instead of the tile table's
 template <int N>
@@ -47,6 +48,7 @@ struct Mechanisms {
   static constexpr bool kDrawUnderGemms = !(false || ... || std::is_same_v<Options, DrawAtStepTop>);
   static constexpr bool kPinnedPvWait = !(false || ... || std::is_same_v<Options, PlainPvWait>);
   static constexpr bool kRescaleUnderQk = !(false || ... || std::is_same_v<Options, EagerRescale>);
+  static constexpr bool kClaimWarp = !(false || ... || std::is_same_v<Options, LateClaim>);
   static constexpr int kStages = (0 + ... + StagesOf<Options>::value);  // 0: the tile table's depth
   static constexpr int kBlockN = (0 + ... + BlockOf<Options>::value);   // 0: the tile table's block
 };

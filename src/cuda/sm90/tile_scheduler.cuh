@@ -8,14 +8,14 @@ namespace flashattn::cuda::sm90 {
 // Tiles are numbered 0..count-1. CTA c starts with tile c; without a window it then takes c + gridDim.x, ...
 // (static: every tile costs the same), and the query blocks of one (head, batch) are consecutive so that CTAs
 // running together share its K/V in L2. Under causal/window the longest query blocks (the last ones) go first
-// and a CTA asks a global counter for its next tile when it finishes one (dynamic: tile lengths differ, and a
-// static round-robin left whole waves waiting on one long tile: d128 causal 16k ran at 532 TFLOP/s persistent-
-// static against 588 with one CTA per tile). To keep the K/V of CTAs running together in L2, the longest-first
-// order is taken within sections of `section_heads` consecutive (batch, head) pairs whose K/V fit in about half
-// of L2 (without sections, causal d128 at 2k reached 0.83x of cuDNN, every CTA of a wave on another head).
-// Split-KV multiplies every tile into `splits` tiles of consecutive indices (the split fastest), each taking a
-// share of its key blocks (FwdTile). The plan (plan.cpp) decides the schedule, the grid, the sections and the
-// splits; `counter` (zero at the launch, and left at zero: after()) is null for the static schedule.
+// and a CTA claims its next tile from a global counter as it starts loading one (dynamic, TileClaims: tile
+// lengths differ, and a static round-robin left whole waves waiting on one long tile: d128 causal 16k ran at 532
+// TFLOP/s persistent-static against 588 with one CTA per tile). To keep the K/V of CTAs running together in L2,
+// the longest-first order is taken within sections of `section_heads` consecutive (batch, head) pairs whose K/V
+// fit in about half of L2 (without sections, causal d128 at 2k reached 0.83x of cuDNN, every CTA of a wave on
+// another head). Split-KV multiplies every tile into `splits` tiles of consecutive indices (the split fastest),
+// each taking a share of its key blocks (FwdTile). The plan (plan.cpp) decides the schedule, the grid, the sections
+// and the splits; `counter` (zero at the launch, and left at zero: next()) is null for the static schedule.
 struct TileScheduler {
   struct Tile {
     int m_block, head, batch, split;
@@ -56,6 +56,45 @@ struct TileScheduler {
       if (claimed == count() - 1) atomicExch(counter, 0);
     }
     return __shfl_sync(0xffffffffu, claimed, 0) + int(gridDim.x);  // the first wave is blockIdx
+  }
+};
+
+// The dynamic schedule's claims made one tile ahead by a warp of their own (Mechanisms::kClaimWarp): warp 1 of the
+// producer warpgroup, idle otherwise, claims the tile after the one warp 0 is loading as soon as warp 0 starts it, so
+// that the atomic's round trip to L2 (about 1 us) runs under that tile's loads instead of between two tiles' loads
+// (FlashAttention-3 claims before a tile's last V load). Warp 0 itself cannot hold a claim across a tile's loads: at
+// its 24 registers ptxas spills the value at once, or, for atomicAdd under a lane test, shuffles the warp-aggregated
+// result at once, both waiting for the round trip there. A one-slot hand-off through shared memory: claim_full
+// completes once per claim, claim_empty once per claim taken. A CTA still makes one claim per tile it takes, the
+// last finding none, so TileScheduler::next's count and reset hold.
+struct TileClaims {
+  // Warp 1 (the whole warp): claims until one finds no tile, each after warp 0 took the one before.
+  template <class SharedStorage>
+  __device__ static void run(const TileScheduler& sched, SharedStorage& ss) {
+    const bool leader = threadIdx.x % 32 == 0;  // next() hands lane 0's claim to the warp
+    for (int k = 0;; ++k) {
+      if (k > 0) ss.claim_empty.wait((k - 1) & 1);  // warp 0 has taken claim k - 1 and loads that tile now
+      const int next = sched.next(0, leader);       // `current` is unused by the dynamic schedule
+      if (leader) {
+        ss.claimed = next;
+        ss.claim_full.arrive();  // release: the store above is seen by warp 0's wait
+      }
+      if (next >= sched.count()) return;
+    }
+  }
+  // Warp 0 (the whole warp): the k-th claim (k from 0), once its tile's predecessor is loaded. The whole warp waits
+  // (a wait under `leader` alone made ptxas spill 100-400 bytes in the 24-register producer); only `leader` reads
+  // the slot and arrives, so that each access pairs with warp 1's through one mbarrier (compute-sanitizer's racecheck
+  // reported the other lanes' reads, ordered before the leader's arrive by __syncwarp only).
+  template <class SharedStorage>
+  __device__ static int take(SharedStorage& ss, int k, bool leader) {
+    ss.claim_full.wait(k & 1);
+    int next = 0;
+    if (leader) {
+      next = *reinterpret_cast<volatile int*>(&ss.claimed);
+      ss.claim_empty.arrive();
+    }
+    return __shfl_sync(0xffffffffu, next, 0);
   }
 };
 
