@@ -3,7 +3,8 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <utility>
+#include <thread>
+#include <tuple>
 
 #include "cuda/device.hpp"
 
@@ -17,10 +18,13 @@ struct Cached {
 };
 constexpr size_t kMinBytes = 256;  // the smallest buffer kept: a tile counter needs 4 bytes, split-KV more
 
+// One buffer per (device, stream). cudaStreamPerThread is one handle for a different stream in every host thread,
+// whose calls may run concurrently: its buffers are kept per thread too (a thread's are not freed at its exit).
+using Key = std::tuple<int, cudaStream_t, std::thread::id>;
 std::mutex g_mutex;
-std::map<std::pair<int, cudaStream_t>, Cached>& cache() {
-  static auto* c = new std::map<std::pair<int, cudaStream_t>, Cached>();  // never destroyed: the driver may
-  return *c;                                                              // be gone at exit
+std::map<Key, Cached>& cache() {
+  static auto* c = new std::map<Key, Cached>();  // never destroyed: the driver may be gone at exit
+  return *c;
 }
 
 }  // namespace
@@ -43,7 +47,8 @@ detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes, 
     return detail::ok();
   }
   std::lock_guard<std::mutex> lock(g_mutex);
-  Cached& c = cache()[{device, stream}];
+  Cached& c =
+      cache()[Key{device, stream, stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}}];
   if (counter && c.counter == nullptr) {
     void* p = nullptr;
     if (cudaError_t e = cudaMallocAsync(&p, sizeof(int), stream); e != cudaSuccess)
