@@ -3,8 +3,7 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
-#include <tuple>
+#include <utility>
 
 #include "cuda/device.hpp"
 
@@ -18,13 +17,10 @@ struct Cached {
 };
 constexpr size_t kMinBytes = 256;  // the smallest buffer kept: a tile counter needs 4 bytes, split-KV more
 
-// One buffer per (device, stream). cudaStreamPerThread is one handle for a different stream in every host thread,
-// whose calls may run concurrently: its buffers are kept per thread too (a thread's are not freed at its exit).
-using Key = std::tuple<int, cudaStream_t, std::thread::id>;
 std::mutex g_mutex;
-std::map<Key, Cached>& cache() {
-  static auto* c = new std::map<Key, Cached>();  // never destroyed: the driver may be gone at exit
-  return *c;
+std::map<std::pair<int, cudaStream_t>, Cached>& cache() {
+  static auto* c = new std::map<std::pair<int, cudaStream_t>, Cached>();  // never destroyed: the driver may
+  return *c;                                                              // be gone at exit
 }
 
 }  // namespace
@@ -40,15 +36,18 @@ detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes, 
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess)
     return runtime_error("cudaStreamIsCapturing", e);
-  if (capture != cudaStreamCaptureStatusNone) {
+  // cudaStreamPerThread is one handle for a different stream in every host thread, whose calls may run at once (and a
+  // thread's id may be reused once it exits): no cached buffer can be keyed by it, so its calls get their own, as
+  // captured calls do.
+  if (capture != cudaStreamCaptureStatusNone || stream == cudaStreamPerThread) {
+    if (bytes == 0) return detail::ok();
     if (cudaError_t e = cudaMallocAsync(&data_, bytes, stream); e != cudaSuccess)
-      return runtime_error("workspace of " + std::to_string(bytes) + " bytes (cudaMallocAsync in graph capture)", e);
+      return runtime_error("workspace of " + std::to_string(bytes) + " bytes (cudaMallocAsync, uncached)", e);
     transient_ = true;
     return detail::ok();
   }
   std::lock_guard<std::mutex> lock(g_mutex);
-  Cached& c =
-      cache()[Key{device, stream, stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}}];
+  Cached& c = cache()[{device, stream}];
   if (counter && c.counter == nullptr) {
     void* p = nullptr;
     if (cudaError_t e = cudaMallocAsync(&p, sizeof(int), stream); e != cudaSuccess)

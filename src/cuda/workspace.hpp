@@ -18,6 +18,8 @@ namespace flashattn::cuda {
 // such a call needs no memset. Nothing else writes it (the buffer above holds other calls' data at any offset).
 // Captured calls get none: a graph-owned workspace holds no value from one replay to the next, and two graphs
 // replayed on different streams would share a cached counter; their launch zeroes the workspace's first int.
+// Calls on cudaStreamPerThread (one handle, a stream per host thread) get an uncached buffer and no counter, as
+// captured ones do.
 class Workspace {
  public:
   Workspace() = default;

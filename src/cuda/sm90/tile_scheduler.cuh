@@ -68,16 +68,22 @@ struct TileScheduler {
 // completes once per claim, claim_empty once per claim taken. A CTA still makes one claim per tile it takes, the
 // last finding none, so TileScheduler::next's count and reset hold.
 struct TileClaims {
-  // Warp 1 (the whole warp): claims until one finds no tile, each after warp 0 took the one before.
+  // Warp 1 (the whole warp): claims until one finds no tile, each after warp 0 took the one before. CUTLASS's mbarrier
+  // asm carries no memory clobber: compiler barriers keep the slot's accesses on their side of each wait and arrive
+  // (as publish_tile / next_published_tile do for the tile index).
   template <class SharedStorage>
   __device__ static void run(const TileScheduler& sched, SharedStorage& ss) {
+    // A CTA past the tiles would claim without a take to answer it; the plan's grid never has one (grid <= tiles).
+    if (int(blockIdx.x) >= sched.count()) return;
     const bool leader = threadIdx.x % 32 == 0;  // next() hands lane 0's claim to the warp
     for (int k = 0;; ++k) {
       if (k > 0) ss.claim_empty.wait((k - 1) & 1);  // warp 0 has taken claim k - 1 and loads that tile now
       const int next = sched.next(0, leader);       // `current` is unused by the dynamic schedule
       if (leader) {
-        ss.claimed = next;
-        ss.claim_full.arrive();  // release: the store above is seen by warp 0's wait
+        asm volatile("" ::: "memory");
+        *reinterpret_cast<volatile int*>(&ss.claimed) = next;
+        asm volatile("" ::: "memory");
+        ss.claim_full.arrive();  // release: the store above is seen after warp 0's wait
       }
       if (next >= sched.count()) return;
     }
@@ -89,9 +95,11 @@ struct TileClaims {
   template <class SharedStorage>
   __device__ static int take(SharedStorage& ss, int k, bool leader) {
     ss.claim_full.wait(k & 1);
+    asm volatile("" ::: "memory");
     int next = 0;
     if (leader) {
-      next = *reinterpret_cast<volatile int*>(&ss.claimed);
+      next = *reinterpret_cast<const volatile int*>(&ss.claimed);
+      asm volatile("" ::: "memory");
       ss.claim_empty.arrive();
     }
     return __shfl_sync(0xffffffffu, next, 0);
