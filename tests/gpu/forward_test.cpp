@@ -667,6 +667,19 @@ TEST(Sm80Validation, VarlenDuringGraphCaptureIsRejected) {
   EXPECT_EQ(fa_forward(&call.p, nullptr), FA_OK) << fa_last_error();
 }
 
+// One fa_forward captured on `stream` into an instantiated graph (the test fails where a step does).
+void capture_forward(const fa_fwd_params& p, const fa_exec& exec, cudaStream_t stream, cudaGraphExec_t* instance) {
+  *instance = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  const fa_status st = fa_forward(&p, &exec);
+  const std::string msg = fa_last_error();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(st, FA_OK) << msg;
+  ASSERT_EQ(cudaGraphInstantiate(instance, graph, 0), cudaSuccess);
+  cudaGraphDestroy(graph);
+}
+
 // seqused_k is not read on the host for CUDA calls: out-of-range entries are clamped to [0, seqlen_k] on the
 // device (validate.cpp), and a batched call with seqused_k can be captured in a CUDA graph (decode loops).
 TEST(CudaSequsedK, ClampedOnDeviceAndCapturable) {
@@ -700,21 +713,14 @@ TEST(CudaSequsedK, ClampedOnDeviceAndCapturable) {
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     exec.stream = stream;
     used.upload({16});
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    const fa_status st = fa_forward(&call.p, &exec);
-    const std::string msg = fa_last_error();
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    ASSERT_EQ(st, FA_OK) << msg;
     cudaGraphExec_t instance = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&instance, graph, 0), cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(capture_forward(call.p, exec, stream, &instance));
     used.upload({5});
     ASSERT_EQ(cudaGraphLaunch(instance, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     std::vector<uint16_t> all = call.buf.download();
     EXPECT_EQ(std::vector<uint16_t>(all.begin() + 24576 / 2, all.begin() + 24576 / 2 + n_out), some);
     cudaGraphExecDestroy(instance);
-    cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
   }
 }
@@ -894,14 +900,8 @@ TEST(Sm90TileCounter, ReturnsToZeroAcrossLaunches) {
       EXPECT_EQ(result(calls[i]), first[i]) << "round " << round << ", shape " << i;
     }
   // The large shape captured, replayed between eager calls of the small one.
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
-  const fa_status st = fa_forward(&calls[1].p, &exec);
-  const std::string msg = fa_last_error();
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(st, FA_OK) << msg;
   cudaGraphExec_t instance = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&instance, graph, 0), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(capture_forward(calls[1].p, exec, stream, &instance));
   for (int round = 0; round < 2; ++round) {
     poison(calls[1]);
     ASSERT_EQ(cudaGraphLaunch(instance, stream), cudaSuccess);
@@ -911,7 +911,6 @@ TEST(Sm90TileCounter, ReturnsToZeroAcrossLaunches) {
     EXPECT_EQ(result(calls[0]), first[0]) << "eager call after replay " << round;
   }
   cudaGraphExecDestroy(instance);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 
