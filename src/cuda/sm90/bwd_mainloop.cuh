@@ -101,6 +101,13 @@ struct BwdConsumer {
   __device__ BwdConsumer(typename Traits::SharedStorage& ss_, Pipeline& q, Pipeline& d, int ctid_)
       : ss(ss_), pipe_q(q), pipe_do(d), ctid(ctid_), wg(ctid_ / kWgThreads), tid(ctid_ % kWgThreads) {}
 
+  // The index of the warpgroup's first consumer thread, warp-uniform as the compiler sees it (a shuffle from lane
+  // 0). The A and B operands of a wgmma are the same for every thread of a warpgroup; partitioned by this index
+  // instead of ctid, their shared-memory descriptors stay in uniform registers. Partitioned by ctid (whose
+  // warpgroup picks the K and V rows of S^T and dP^T), ptxas built them in vector registers and moved them over
+  // (R2UR) before every wgmma: 4-5 instructions each, 32 wgmmas a step at d128 (SASS of the bf16 d128 kernel).
+  __device__ int wg_thread0() const { return __shfl_sync(0xffffffffu, wg, 0) * kWgThreads; }
+
   // Rows [from, rows) of a (rows, d) shared-memory tile set to zero by every consumer thread (16-byte chunks stay
   // contiguous under the swizzle).
   template <class T>
@@ -206,15 +213,20 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
   using typename Base::Element;
   using typename Base::Pipeline;
   static constexpr int kDqSyncThreads = kWgThreads + cutlass::NumThreadsPerWarp;  // a warpgroup and the dQ writer
+  // dK issued after dQ, so that the dQ tile is staged while dK runs (FlashAttention-3's order); otherwise dK before
+  // dQ and the staging after both.
+  static constexpr bool kDqUnderDk = true;
   using Base::Base;
 
   __device__ void run(const BwdParams& p, const Block& blk, AccKV& acc_dk, AccKV& acc_dv) {
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadKV mma_dkv;
     typename Traits::TiledMmadQ mma_dq;
-    auto thr_sdp = mma_sdp.get_thread_slice(ctid);
-    auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-    auto thr_dq = mma_dq.get_thread_slice(ctid);
+    auto thr_sdp = mma_sdp.get_thread_slice(ctid);  // accumulators
+    const int wg0 = this->wg_thread0();              // operands (wg_thread0)
+    auto wg_sdp = mma_sdp.get_thread_slice(wg0);
+    auto wg_dkv = mma_dkv.get_thread_slice(wg0);
+    auto wg_dq = mma_dq.get_thread_slice(wg0);
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQt{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutQ{});
@@ -225,19 +237,21 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
     Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdS{});
     Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdSt{});
 
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // (MMA, 1, d/16)
-    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);  // (MMA, 1, d/16, stages)
-    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
-    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
-    Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, M/16, stages)
-    Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, N/16, 2)
-    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA, 1, N/16)
+    Tensor tSrK = wg_sdp.partition_fragment_A(sK);  // (MMA, 1, d/16)
+    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);  // (MMA, 1, d/16, stages)
+    Tensor tdPrV = wg_sdp.partition_fragment_A(sV);
+    Tensor tdPrdO = wg_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdO = wg_dkv.partition_fragment_B(sdOt);  // (MMA, 1, M/16, stages)
+    Tensor tdKrQ = wg_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);  // (MMA, 1, N/16, 2)
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);  // (MMA, 1, N/16)
     // dS^T rows (keys) of 8 queries are 16 contiguous bytes of the MN-major dS: stmatrix stores four 8 x 8 blocks
     // a warp instruction (8 instructions a thread at d64) where 4-byte stores took 32.
     auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
     auto copy_ds_thr = copy_ds.get_thread_slice(ctid);
-    Tensor tdSsdS = copy_ds_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
+    // The swizzle applied to offsets, not to absolute addresses: ptxas then folds the thread's offsets into
+    // constants once, where the address form redid 64-bit swizzle arithmetic for every stmatrix of every step.
+    Tensor tdSsdS = copy_ds_thr.partition_D(as_position_independent_swizzle_tensor(sdSt));  // (CPY, CPY_N, CPY_M, 2)
 
     Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
     Tensor cS_rc = make_tensor(cS.data(), rows_cols(cS.layout()));  // (keys, queries) of this thread
@@ -330,7 +344,7 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       }
       Tensor rdS = convert_fragment<Element>(tdPrdP);
       Tensor tdKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
-      wgmma_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_stage), acc_dk);
+      if constexpr (!kDqUnderDk) wgmma_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_stage), acc_dk);
 
       // dS to shared memory (buffer buf: the other one may still be read by the other warpgroup's dQ of the
       // previous step), then dQ over both warpgroups' keys. The barrier also publishes the next step's LSE and D
@@ -341,22 +355,33 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
+      if constexpr (kDqUnderDk) wgmma_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_stage), acc_dk);
       if constexpr (kDropout)
         if (has_next) drop.draw(p, cS_rc, bh, n0, m0 + kBlockM, lane);
-      warpgroup_wait<0>();
-      this->release_step();
 
       // dQ to this step's staging tile for the writer warp's bulk reduce-add (bwd_epilogue.cuh: BwdDqWriter); from
       // the second step on, the tile is free once the writer says so.
-      float* sdq = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
-      if (step > 0) cutlass::arch::NamedBarrier::sync(kDqSyncThreads, BwdBarrier::kDqEmpty + wg);
-      static_assert(decltype(size(acc_dq))::value % 4 == 0);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 4)
-        *reinterpret_cast<float4*>(sdq + (i / 4 * kWgThreads + tid) * 4) =
-            make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::arrive(kDqSyncThreads, BwdBarrier::kDqFull + wg);
+      auto stage_dq = [&] {
+        float* sdq = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
+        if (step > 0) cutlass::arch::NamedBarrier::sync(kDqSyncThreads, BwdBarrier::kDqEmpty + wg);
+        static_assert(decltype(size(acc_dq))::value % 4 == 0);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 4)
+          *reinterpret_cast<float4*>(sdq + (i / 4 * kWgThreads + tid) * 4) =
+              make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::arrive(kDqSyncThreads, BwdBarrier::kDqFull + wg);
+      };
+      if constexpr (kDqUnderDk) {
+        warpgroup_wait<1>();  // dV and dQ are done; dK runs on while dQ is staged
+        stage_dq();
+        warpgroup_wait<0>();
+        this->release_step();
+      } else {
+        warpgroup_wait<0>();
+        this->release_step();
+        stage_dq();
+      }
     }
   }
 };

@@ -42,9 +42,11 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadKV mma_dkv;
     typename Traits::TiledMmadQ mma_dq;
-    auto thr_sdp = mma_sdp.get_thread_slice(ctid);
-    auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-    auto thr_dq = mma_dq.get_thread_slice(ctid);
+    auto thr_sdp = mma_sdp.get_thread_slice(ctid);  // accumulators
+    const int wg0 = this->wg_thread0();              // operands (BwdConsumer::wg_thread0)
+    auto wg_sdp = mma_sdp.get_thread_slice(wg0);
+    auto wg_dkv = mma_dkv.get_thread_slice(wg0);
+    auto wg_dq = mma_dq.get_thread_slice(wg0);
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQt{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutQ{});
@@ -56,16 +58,16 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
     Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPt{});  // (keys, queries)
     Tensor sPt = make_tensor(make_smem_ptr(ss.pt.data()), typename Traits::SmemLayoutPt{});
 
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // (MMA, 1, d/16)
-    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);  // (MMA, 1, d/16, stages)
-    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
-    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
-    Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);   // (MMA, 1, M/16, 2)
-    Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, M/16, stages)
-    Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
-    Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, N/16, 2)
-    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA, 1, N/16)
+    Tensor tSrK = wg_sdp.partition_fragment_A(sK);  // (MMA, 1, d/16)
+    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);  // (MMA, 1, d/16, stages)
+    Tensor tdPrV = wg_sdp.partition_fragment_A(sV);
+    Tensor tdPrdO = wg_sdp.partition_fragment_B(sdO);
+    Tensor tdVrPt = wg_dkv.partition_fragment_A(sPt);   // (MMA, 1, M/16, 2)
+    Tensor tdVrdO = wg_dkv.partition_fragment_B(sdOt);  // (MMA, 1, M/16, stages)
+    Tensor tdKrdSt = wg_dkv.partition_fragment_A(sdSt);
+    Tensor tdKrQ = wg_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);  // (MMA, 1, N/16, 2)
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);  // (MMA, 1, N/16)
     // P^T and dS^T rows (keys) of 8 queries are 16 contiguous bytes of the K-major SmemLayoutPt: stmatrix, as
     // BwdMainloop's dS store.
     auto copy_c = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
