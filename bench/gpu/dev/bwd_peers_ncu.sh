@@ -1,22 +1,16 @@
 #!/usr/bin/env bash
-# Our sm90 backward beside FlashAttention-4's and cuDNN's, in one device call: FA4 assembled from the carried halves
-# (../shared/peers/install_fa4.sh; the call before stashed half a), the small build of sm90_bwd_loop.sh (ci kernels,
-# sm90 head dims DEV_HDIMS, default 128; no tests), the three timed in one process (bwd_peers.py, with their kernel
-# times), then one Nsight Compute report (--set full) of each library's warm backward per shape of DEV_BWD_NCU, its
-# headline metrics and every metric as CSV.
-# The checkout (14 MB) and .whl leave room for about 43 MB of FA4 a call, so its 100 MB come in three: .peers/fa4/a
-# and b hold the compiler wheel's halves, c the other wheels, and the copy of install_fa4.sh in .peers stashes
-# whichever parts came (its `for part in a b c` line). Each call within the warm window of the one before:
-#   call 1 (carry .peers/fa4/a .peers/install_fa4.sh): bash .peers/install_fa4.sh stash .peers/fa4
-#   call 2 (carry .peers/fa4/b .peers/install_fa4.sh): the same
-#   call 3 (carry .whl .peers/fa4/c .peers/install_fa4.sh): bash bench/gpu/dev/bwd_peers_ncu.sh $OUT
+# Our sm90 backward beside FlashAttention-4's and cuDNN's, in one device call: FA4 unpacked from the parts that the
+# two calls before stashed (fa4_parts.sh says how), the small build of sm90_bwd_loop.sh (ci kernels, sm90 head dims
+# DEV_HDIMS, default 128; no tests), the three timed in one process (bwd_peers.py, with their kernel times), then one
+# Nsight Compute report (--set full) of each library's warm backward per shape of DEV_BWD_NCU, its headline metrics
+# and every metric as CSV. Call 3 carries .whl and .peers/fa4/c:  bash bench/gpu/dev/bwd_peers_ncu.sh $OUT
 # DEV_BWD_TIME: the timed shapes (default "d128n4096 d128c4096 d128n16384 d128c16384").
 set -uo pipefail
 OUT=$1
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-fa4=$(bash "$REPO/.peers/install_fa4.sh" install "$REPO/.peers/fa4" 2>"$OUT/fa4_install.log") && eval "$fa4" ||
+fa4=$(bash "$REPO/bench/gpu/dev/fa4_parts.sh" install "$REPO/.peers/fa4" 2>"$OUT/fa4_install.log") && eval "$fa4" ||
   echo "FA4 not installed: $(tail -2 "$OUT/fa4_install.log")"
 export DEV_BWD_WORK=${DEV_BWD_WORK:-/tmp/dev-bwd} DEV_HDIMS=${DEV_HDIMS:-128}
 DEV_BWD_BENCH=0 bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT" none
