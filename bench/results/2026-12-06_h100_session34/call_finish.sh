@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Written in session 34, NOT run yet (no device time left): the rows' LSE and 1 / sum taken under the tile's last P.V
-# (docs/journal/patches/fwd_finish_under_pv.patch). sm90_bwd_loop.sh builds it with the ablation variants late_finish /
-# late_finish_d64, runs the sm90 forward suites on the new default and memcheck + racecheck on the sm90 forward
-# sanitizer cases; then the A/B against the variants in one process. Run it on a patched copy (the checkout stays):
+# Written in session 34, run in session 35 (bench/results/2026-12-06_h100_session35, run 1): the rows' LSE and 1 / sum
+# taken under the tile's last P.V (docs/journal/patches/fwd_finish_under_pv.patch). sm90_bwd_loop.sh builds it with
+# the ablation variants late_finish / late_finish_d64, runs the sm90 forward suites on the new default and memcheck +
+# racecheck on the sm90 forward sanitizer cases; then the A/B against the variants in one process. Run it on a
+# patched copy (the checkout stays):
 #   bash bench/gpu/dev/with_patch.sh docs/journal/patches/fwd_finish_under_pv.patch \
 #     bench/results/2026-12-06_h100_session34/call_finish.sh $OUT
 set -uo pipefail
