@@ -223,7 +223,7 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
     typename Traits::TiledMmadKV mma_dkv;
     typename Traits::TiledMmadQ mma_dq;
     auto thr_sdp = mma_sdp.get_thread_slice(ctid);  // accumulators
-    const int wg0 = this->wg_thread0();              // operands (wg_thread0)
+    const int wg0 = this->wg_thread0();             // operands (wg_thread0)
     auto wg_sdp = mma_sdp.get_thread_slice(wg0);
     auto wg_dkv = mma_dkv.get_thread_slice(wg0);
     auto wg_dq = mma_dq.get_thread_slice(wg0);
