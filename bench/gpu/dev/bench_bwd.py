@@ -3,9 +3,12 @@ same protocol as shared/anchors/sdpa_bench.py: triton do_bench median, bf16, bat
 model dim 2048 (heads = 2048 / hdim), FLOPs 2.5 * 4*B*H*S*S*D (halved when causal). Only the backward is timed
 (ours: fa_backward on a saved out/lse; SDPA: autograd.grad on a retained graph).
 
-    python3 bench_bwd.py LIB[:TAG] [LIB2[:TAG2] ...] [seqlen ...] [--hdims 64,128] [--deterministic]
+    python3 bench_bwd.py LIB[:TAG] [LIB2[:TAG2] ...] [seqlen ...] [--hdims 64,128] [--deterministic] [--rounds N]
 
 Several libraries (e.g. two builds of the backward) are timed in the same process, next to the same SDPA runs.
+--rounds N: every library and peer is timed N times per shape, interleaved (round r starts at the r-th of them), and
+the median is printed, after a "# rounds" line with every round's TFLOP/s: a drift of the clocks during a shape then
+moves all of them alike instead of whichever came last.
 
 Prints TSV: backend hdim causal seqlen batch heads ms tflops, and max |ours - flash2| of dq, dk, dv per shape.
 """
@@ -46,6 +49,11 @@ def main():
     deterministic = "--deterministic" in args
     if deterministic:
         args.remove("--deterministic")
+    rounds = 1
+    if "--rounds" in args:
+        i = args.index("--rounds")
+        rounds = int(args[i + 1])
+        del args[i:i + 2]
     seqlens = [int(s) for s in args] or [2048, 8192]
     print("# device", torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
           flush=True)
@@ -73,35 +81,58 @@ def main():
                 ex.stream = torch.cuda.current_stream().cuda_stream
                 ex.deterministic = int(deterministic)
                 flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
-                results, grads = {}, {}
+                timers, grads = {}, {}  # name -> a callable timing one backward (ms)
                 for tag, lib in libs:
-                    if lib.fa_forward(C.byref(fp), C.byref(ex)) != 0:
-                        raise RuntimeError(lib.fa_last_error().decode())
-
-                    def ours():
+                    def ours(lib=lib):
                         if lib.fa_backward(C.byref(p), C.byref(ex)) != 0:
                             raise RuntimeError(lib.fa_last_error().decode())
 
+                    def forward(lib=lib):  # this library's out and LSE, which its backward reads
+                        if lib.fa_forward(C.byref(fp), C.byref(ex)) != 0:
+                            raise RuntimeError(lib.fa_last_error().decode())
+
+                    forward()
                     ours()
                     grads[tag] = [t.clone() for t in (dq, dk, dv)]
                     if deterministic:
                         tag += "_det"
-                    results[tag] = do_bench(ours, warmup=25, rep=100, return_mode="median")
-                ref = None
+                    timers[tag] = lambda f=forward, b=ours: (f(), do_bench(b, warmup=25, rep=100,
+                                                                              return_mode="median"))[1]
+                    if rounds == 1:  # as before --rounds: each library timed right after its forward, peers last
+                        ms = timers[tag]()
+                        timers[tag] = lambda ms=ms: ms
+                ref, keep = None, []
                 for name, be in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                     try:
                         qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
                         with sdpa_kernel(be):
                             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                         dot = do.transpose(1, 2)
-                        fn = lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True)
+                        fn = (lambda o=o, qt=qt, kt=kt, vt=vt, dot=dot:
+                              torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True))
                         g = fn()
                         if ref is None:
                             ref = [x.transpose(1, 2) for x in g]
-                        results[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        o = g = None  # free them before the next backend
+                        g = None
+                        if rounds == 1:  # timed here, its graph freed before the next backend
+                            ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                            timers[name] = lambda ms=ms: ms
+                            o = fn = None
+                        else:
+                            timers[name] = lambda fn=fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
+                            keep.append(o)
                     except Exception as e:  # backend refuses the shape
                         print(f"# {name} failed: {type(e).__name__}: {str(e)[:80]}")
+                names = list(timers)
+                times = {name: [] for name in names}
+                for r in range(rounds):
+                    for name in names[r % len(names):] + names[:r % len(names)]:
+                        times[name].append(timers[name]())
+                results = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+                if rounds > 1:
+                    print(f"# rounds hdim {hdim} causal {int(causal)} seqlen {seqlen}: " + "  ".join(
+                        f"{name} " + "/".join(f"{flops / t / 1e9:.1f}" for t in ts) for name, ts in times.items()),
+                          flush=True)
                 for name, ms in results.items():
                     print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t"
                           f"{flops / ms / 1e9:.1f}", flush=True)
@@ -109,7 +140,7 @@ def main():
                     diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(g, ref)]
                     print(f"# check {tag} hdim {hdim} causal {int(causal)} seqlen {seqlen}: max|ours - flash2| "
                           f"dq {diffs[0]:.3e} dk {diffs[1]:.3e} dv {diffs[2]:.3e}", flush=True)
-                del q, k, v, do, out, lse, dq, dk, dv, ref, grads
+                del q, k, v, do, out, lse, dq, dk, dv, ref, grads, timers, keep
                 torch.cuda.empty_cache()
 
 

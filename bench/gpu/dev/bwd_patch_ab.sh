@@ -6,7 +6,9 @@
 # default for a single patch) memcheck + racecheck on the sm90 backward's sanitizer cases. Then bench_bwd.py times
 # every library beside FA2 and cuDNN in one process, twice, the second time in reverse order, and prints a table.
 # usage: bench/gpu/dev/bwd_patch_ab.sh OUTDIR PATCH [PATCH ...]     (PATCHes relative to the checkout)
-# DEV_AB_HDIMS (default "64,128") and DEV_AB_SEQLENS (default "1024 4096 16384"): the timed shapes.
+# DEV_AB_HDIMS (default "64,128") and DEV_AB_SEQLENS (default "1024 4096 16384"): the timed shapes. DEV_AB_ROUNDS=N:
+# one process instead of the two orders, each library and peer timed N times per shape, interleaved, and the median
+# (bench_bwd.py --rounds; every round's value on its "# rounds" lines).
 set -uo pipefail
 OUT=$1; shift
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -30,13 +32,21 @@ for patch in "$@"; do
 done
 rev=(); for ((i = ${#libs[@]} - 1; i >= 0; i--)); do rev+=("${libs[i]}"); done
 cd "$REPO/bench/gpu/dev" || exit 1
-for order in fwd rev; do
-  if [[ $order == fwd ]]; then set -- "${libs[@]}"; else set -- "${rev[@]}"; fi
-  timeout 200 python3 bench_bwd.py "$@" --hdims "${DEV_AB_HDIMS:-64,128}" \
-    ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_$order.tsv" 2>&1
-  echo "bench_bwd order $order rc $?"
-done
-python3 - "$OUT/ab_fwd.tsv" "$OUT/ab_rev.tsv" <<'PYEOF'
+if [[ -n ${DEV_AB_ROUNDS:-} ]]; then
+  timeout 400 python3 bench_bwd.py "${libs[@]}" --rounds "$DEV_AB_ROUNDS" --hdims "${DEV_AB_HDIMS:-64,128}" \
+    ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_rounds.tsv" 2>&1
+  echo "bench_bwd rounds $DEV_AB_ROUNDS rc $?"; grep "^# rounds" "$OUT/ab_rounds.tsv"
+  tables=("$OUT/ab_rounds.tsv")
+else
+  for order in fwd rev; do
+    if [[ $order == fwd ]]; then set -- "${libs[@]}"; else set -- "${rev[@]}"; fi
+    timeout 200 python3 bench_bwd.py "$@" --hdims "${DEV_AB_HDIMS:-64,128}" \
+      ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_$order.tsv" 2>&1
+    echo "bench_bwd order $order rc $?"
+  done
+  tables=("$OUT/ab_fwd.tsv" "$OUT/ab_rev.tsv")
+fi
+python3 - "${tables[@]}" <<'PYEOF'
 import sys, collections
 t = collections.defaultdict(dict)
 for f in sys.argv[1:]:
@@ -45,7 +55,7 @@ for f in sys.argv[1:]:
         if len(c) >= 8 and c[0] != "backend":
             try: t[tuple(c[1:4])].setdefault(c[0], []).append(float(c[7]))
             except ValueError: pass
-print("hdim causal seqlen: TFLOP/s (given order / reversed order) per backend")
+print("hdim causal seqlen: TFLOP/s per backend (two orders: given / reversed; rounds: the median)")
 for k, v in t.items():
     print(" ".join(k), "  ".join(f"{b} {'/'.join(f'{x:.1f}' for x in xs)}" for b, xs in sorted(v.items())))
 PYEOF
