@@ -39,6 +39,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 import report  # noqa: E402
 
+try:  # FlashAttention-4 (PyPI flash-attn-4), a live peer where it imports: bench/gpu/dev/fa4_parts.sh puts it there
+    from flash_attn.cute import flash_attn_func as fa4_func
+except Exception:  # noqa: BLE001 - absent or broken: the table has no FA4 column
+    fa4_func = None
+
 torch.backends.cuda.matmul.allow_tf32 = False
 DEV = "cuda"
 TOKENS = 16384
@@ -122,6 +127,33 @@ def ours_fns(fa, q, k, v, causal):
     return fwd, (lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)), ""
 
 
+def fa4_fns(q, k, v, causal):
+    """fwd and bwd closures of FlashAttention-4 on (B, S, H, D) tensors (its forward returns (out, lse))."""
+    def first(r):
+        return r[0] if isinstance(r, tuple) else r
+
+    fwd = lambda: first(fa4_func(q, k, v, causal=causal))  # noqa: E731
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    o = first(fa4_func(qg, kg, vg, causal=causal))
+    do = torch.randn_like(o)
+    return fwd, (lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True))
+
+
+def fa4_rows(b: Bench, q, k, v, causal, flops, base, fa2_out):
+    """FA4's fwd and bwd rows (backend "fa4"), its output checked against FA2's as ours is; its first call per
+    configuration compiles (JIT), which measure's untimed first call absorbs."""
+    try:
+        fwd, bwd = fa4_fns(q, k, v, causal)
+    except Exception as e:  # FA4 refuses the shape
+        for kind in ("fwd", "bwd"):
+            b.row(kind=kind, backend="fa4", ms="NA", note=f"{type(e).__name__}: {str(e)[:80]}", **base)
+        return
+    b.measure("fwd", "fa4", fwd, flops, base, lambda out, ref=fa2_out: agreement(out, ref))
+    b.measure("bwd", "fa4", bwd, 2.5 * flops, base)
+    del fwd, bwd
+    empty_cache()
+
+
 def stream_of(t) -> int:
     return torch.cuda.current_stream().cuda_stream if t.is_cuda else 0
 
@@ -183,8 +215,8 @@ def shapes(quick: bool):
 
 def attention_rows(b: Bench, ours, quick: bool, deadline: float) -> bool:
     """Times every shape; returns False when it stopped at the deadline (the rest are reported as skipped)."""
-    # One shape costs about 6 timings of (warm-up + repeats) plus setup; stop when the next might not fit.
-    per_shape_s = 6 * (b.warmup + b.rep) / 1000 * 2
+    # One shape costs about 6 timings of (warm-up + repeats) plus setup, 8 with FA4; stop when the next might not fit.
+    per_shape_s = (8 if fa4_func is not None else 6) * (b.warmup + b.rep) / 1000 * 2
     for dt, hdim, causal, seqlen in shapes(quick):
         if time.time() + per_shape_s > deadline:
             print(f"# out of time: stopped before {dt} d{hdim} causal={int(causal)} seqlen={seqlen}", flush=True)
@@ -210,6 +242,8 @@ def attention_rows(b: Bench, ours, quick: bool, deadline: float) -> bool:
                 fa2_out = out.transpose(1, 2).float()
             b.measure("bwd", name, bwd, 2.5 * flops, base)
             empty_cache()
+        if fa4_func is not None:
+            fa4_rows(b, q, k, v, causal, flops, base, fa2_out)
         if not ours.ok:
             for name in ("ours", "ours_sm80"):
                 b.row(kind="fwd", backend=name, ms="NA", note="not available", **base)

@@ -14,8 +14,8 @@ import math
 import os
 from collections import defaultdict
 
-BACKENDS = ("ours", "ours_sm80", "cudnn", "flash2")
-LABEL = {"ours": "ours", "ours_sm80": "ours sm80", "cudnn": "cuDNN", "flash2": "FA2"}
+BACKENDS = ("ours", "ours_sm80", "cudnn", "flash2", "fa4")
+LABEL = {"ours": "ours", "ours_sm80": "ours sm80", "cudnn": "cuDNN", "flash2": "FA2", "fa4": "FA4"}
 
 
 def load_json(path):
@@ -120,11 +120,14 @@ def markdown(out_dir, work, rows):
 
     L += ["", "## Throughput (TFLOP/s, higher is better)", ""]
     L.append("16k tokens per batch, model dim 2048 (heads = 2048/d), (B,S,H,D) storage; triton do_bench median; "
-             "FLOPs 4·B·H·S²·D (/2 causal), bwd ×2.5. cuDNN and FA2 are torch SDPA backends in the same process.")
+             "FLOPs 4·B·H·S²·D (/2 causal), bwd ×2.5. cuDNN and FA2 are torch SDPA backends in the same process; FA4, "
+             "where present, is FlashAttention-4 (PyPI flash-attn-4) in the same process.")
     L.append("")
     table = attention_table(rows)
     # The cuda-sm80 forward (ours_sm80) gets its own column where the run measured it (not in older CSVs).
     sm80 = any("ours_sm80" in cell for cell in table.values())
+    # FlashAttention-4 gets a column and a ratio where the run had it as a live peer (bench.py: fa4_rows).
+    fa4 = any("fa4" in cell for cell in table.values())
     for kind, title in (("fwd", "Forward"), ("bwd", "Backward")):
         keys = sorted((k for k in table if k[0] == kind), key=lambda k: k[1:5])
         if not keys:
@@ -137,8 +140,9 @@ def markdown(out_dir, work, rows):
                       "out/lse." if extra else "."))
             L.append("")
         L.append(f"| dir | dtype | d | causal | seqlen | B×H | {ours_col} | " + ("ours sm80 | " if extra else "") +
-                 "cuDNN | FA2 | ours/cuDNN | ours/FA2 | " + ("sm80/FA2 | " if extra else "") + "note |")
-        L.append("|---" * (12 + 2 * extra) + "|")
+                 "cuDNN | FA2 | " + ("FA4 | " if fa4 else "") + "ours/cuDNN | ours/FA2 | " +
+                 ("ours/FA4 | " if fa4 else "") + ("sm80/FA2 | " if extra else "") + "note |")
+        L.append("|---" * (12 + 2 * extra + 2 * fa4) + "|")
         for key in keys:
             _, dt, d, causal, s, batch, heads = key
             cell = table[key]
@@ -148,10 +152,13 @@ def markdown(out_dir, work, rows):
                 note = (note + "; " if note else "") + "sm80: " + cell["ours_sm80"]["note"]
             L.append(f"| {kind} | {dt} | {d} | {'yes' if causal else 'no'} | {s} | {batch}×{heads} | "
                      f"{fmt(cell.get('ours'))} | " + (f"{fmt(cell.get('ours_sm80'))} | " if extra else "") +
-                     f"{fmt(cell.get('cudnn'))} | {fmt(cell.get('flash2'))} | "
+                     f"{fmt(cell.get('cudnn'))} | {fmt(cell.get('flash2'))} | " +
+                     (f"{fmt(cell.get('fa4'))} | " if fa4 else "") +
                      f"{ratio(t['ours'], t['cudnn'])} | {ratio(t['ours'], t['flash2'])} | " +
+                     (f"{ratio(t['ours'], t['fa4'])} | " if fa4 else "") +
                      (f"{ratio(t['ours_sm80'], t['flash2'])} | " if extra else "") + f"{note} |")
         pairs = [("ours/cuDNN", "ours", "cudnn"), ("ours/FA2", "ours", "flash2")]
+        pairs += [("ours/FA4", "ours", "fa4")] if fa4 else []
         pairs += [("sm80/FA2", "ours_sm80", "flash2")] if extra else []
         means = [(label, geomean([t[a] / t[b] for t in (tflops(table[k]) for k in keys) if t[a] and t[b]]))
                  for label, a, b in pairs]
@@ -329,7 +336,7 @@ def plots(out_dir, rows, mock=False):
     panels = [(kind, c) for kind in kinds for c in causals]
     fig, axes = plt.subplots(len(panels), len(hdims), figsize=(4.2 * len(hdims), 3.2 * len(panels)), squeeze=False)
     style = {"ours": ("tab:red", "o"), "ours_sm80": ("tab:orange", "v"), "cudnn": ("tab:blue", "s"),
-             "flash2": ("tab:green", "^")}
+             "flash2": ("tab:green", "^"), "fa4": ("tab:purple", "D")}
     for pi, (kind, c) in enumerate(panels):
         for hi, d in enumerate(hdims):
             ax = axes[pi][hi]

@@ -22,6 +22,9 @@
 #                 was built; its rows say nothing about our kernels
 #   FLASHATTN_BENCH_ARGS (environment): extra bench.py arguments, e.g. --decode-only for the decode rows alone
 #                 beside the correctness steps (FLASHATTN_BENCH_RESERVE: the seconds they keep for it, default 90)
+#   FlashAttention-4 runs beside the others (backend fa4: an FA4 and an ours/FA4 column in results.md) wherever
+#                 `flash_attn.cute` imports: e.g. eval "$(bash bench/gpu/dev/fa4_parts.sh install .peers/fa4)" before
+#                 this script, after the two stashing calls fa4_parts.sh describes. Each shape then takes 8 timings, not 6.
 #   --ablations   for a build with the sm90 ablation variants only: bench.py --ablations times the sm90 bf16 d128
 #                 forward once per FLASHATTN_SM90_MECHANISMS variant (seqlen 2k/8k/16k, causal and not, cuDNN
 #                 beside it) after the main table, which leaves it its time; results.md gets an Ablation table.
