@@ -213,9 +213,6 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
   using typename Base::Element;
   using typename Base::Pipeline;
   static constexpr int kDqSyncThreads = kWgThreads + cutlass::NumThreadsPerWarp;  // a warpgroup and the dQ writer
-  // dK issued after dQ, so that the dQ tile is staged while dK runs (FlashAttention-3's order); otherwise dK before
-  // dQ and the staging after both.
-  static constexpr bool kDqUnderDk = true;
   using Base::Base;
 
   __device__ void run(const BwdParams& p, const Block& blk, AccKV& acc_dk, AccKV& acc_dv) {
@@ -344,7 +341,6 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       }
       Tensor rdS = convert_fragment<Element>(tdPrdP);
       Tensor tdKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
-      if constexpr (!kDqUnderDk) wgmma_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_stage), acc_dk);
 
       // dS to shared memory (buffer buf: the other one may still be read by the other warpgroup's dQ of the
       // previous step), then dQ over both warpgroups' keys. The barrier also publishes the next step's LSE and D
@@ -355,33 +351,26 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
-      if constexpr (kDqUnderDk) wgmma_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_stage), acc_dk);
+      // dK after dQ, so that the dQ tile is staged while dK runs (FlashAttention-3's order; staged after both, it
+      // waited for dK: bench/results/2026-12-06_h100_session35, runs 3-4).
+      wgmma_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_stage), acc_dk);
       if constexpr (kDropout)
         if (has_next) drop.draw(p, cS_rc, bh, n0, m0 + kBlockM, lane);
+      warpgroup_wait<1>();  // dV and dQ are done; dK runs on while dQ is staged
 
       // dQ to this step's staging tile for the writer warp's bulk reduce-add (bwd_epilogue.cuh: BwdDqWriter); from
       // the second step on, the tile is free once the writer says so.
-      auto stage_dq = [&] {
-        float* sdq = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
-        if (step > 0) cutlass::arch::NamedBarrier::sync(kDqSyncThreads, BwdBarrier::kDqEmpty + wg);
-        static_assert(decltype(size(acc_dq))::value % 4 == 0);
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 4)
-          *reinterpret_cast<float4*>(sdq + (i / 4 * kWgThreads + tid) * 4) =
-              make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::arrive(kDqSyncThreads, BwdBarrier::kDqFull + wg);
-      };
-      if constexpr (kDqUnderDk) {
-        warpgroup_wait<1>();  // dV and dQ are done; dK runs on while dQ is staged
-        stage_dq();
-        warpgroup_wait<0>();
-        this->release_step();
-      } else {
-        warpgroup_wait<0>();
-        this->release_step();
-        stage_dq();
-      }
+      float* sdq = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
+      if (step > 0) cutlass::arch::NamedBarrier::sync(kDqSyncThreads, BwdBarrier::kDqEmpty + wg);
+      static_assert(decltype(size(acc_dq))::value % 4 == 0);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 4)
+        *reinterpret_cast<float4*>(sdq + (i / 4 * kWgThreads + tid) * 4) =
+            make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::arrive(kDqSyncThreads, BwdBarrier::kDqFull + wg);
+      warpgroup_wait<0>();
+      this->release_step();
     }
   }
 };
