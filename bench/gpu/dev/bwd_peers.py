@@ -8,7 +8,7 @@ process, bf16, the harness's shapes (16k tokens, model dim 2048). A shape is d<h
     ncu --profile-from-start off python3 bench/gpu/dev/bwd_peers.py --once d128c4096
   --profile: each library's kernels and their times per backward (torch.profiler).
 
-FA4 is left out (with a note) where it does not import: ../shared/peers/README.md says how it gets onto the device."""
+FA4 is left out (with a note) where it does not import: bench/gpu/dev/fa4_parts.sh says how it gets onto the device."""
 from __future__ import annotations
 
 import argparse
@@ -18,19 +18,15 @@ import re
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench/gpu: common.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench/gpu
+import bench  # noqa: E402  (the record harness's closures of ours, the SDPA peers and FA4, and its FA4 import)
 import common  # noqa: E402
 
-try:
-    from flash_attn.cute import flash_attn_func as fa4_func
-except Exception as e:  # noqa: BLE001 - any import failure leaves FA4 out
-    fa4_func = None
-    print(f"# FA4 not available: {type(e).__name__}: {e}", file=sys.stderr)
+if bench.fa4_func is None:
+    print("# FA4 not available (flash_attn.cute does not import)", file=sys.stderr)
 
 
 def shape(spec):
@@ -40,23 +36,13 @@ def shape(spec):
 
 
 def backwards(spec):
-    """name -> a callable that runs one backward (the forward is run once here), on shared inputs."""
+    """name -> a callable that runs one backward (each library's forward runs once here), on shared inputs."""
     hdim, causal, seqlen, heads, batch = shape(spec)
-    q, k, v, do = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    out = {}
-    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-    o = flashattn.flash_attn_func(qg, kg, vg, causal=causal)
-    out["ours"] = lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
-    if fa4_func is not None:
-        qf, kf, vf = (t.detach().requires_grad_() for t in (q, k, v))
-        o4 = fa4_func(qf, kf, vf, causal=causal)
-        o4 = o4[0] if isinstance(o4, tuple) else o4
-        out["fa4"] = lambda: torch.autograd.grad(o4, (qf, kf, vf), do, retain_graph=True)
-    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        oc = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-    dot = do.transpose(1, 2)
-    out["cudnn"] = lambda: torch.autograd.grad(oc, (qt, kt, vt), dot, retain_graph=True)
+    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = {"ours": bench.ours_fns(flashattn, q, k, v, causal)[1]}
+    if bench.fa4_func is not None:
+        out["fa4"] = bench.fa4_fns(q, k, v, causal)[1]
+    out["cudnn"] = bench.peer_fns(bench.PEERS["cudnn"], q, k, v, causal)[1]
     return out
 
 
