@@ -1,7 +1,7 @@
 // The mainloop collectives of the sm90 backward, run by both consumer warpgroups of a CTA over the query blocks
 // that see its key block (bwd_traits.cuh lists the GEMMs). BwdMainloop (head dims up to 128), per step: S^T and
-// dP^T issued together; P from S^T while dP^T is in flight; dS = P (dP - D); dV and dK accumulated from
-// registers; dS to shared memory for dQ, whose tile the dQ writer warp adds into the fp32 workspace
+// dP^T issued together; P from S^T, its exponentials around dP^T's wait; dS = P (dP - D); dV (after dS) and dK
+// accumulated from registers; dS to shared memory for dQ, whose tile the dQ writer warp adds into the fp32 workspace
 // (bwd_epilogue.cuh) while the next step runs. BwdMainloopSplit (above 128) is in bwd_mainloop_split.cuh; both
 // take their pipelines, tails and row statistics from BwdConsumer.
 #pragma once
@@ -176,11 +176,12 @@ struct BwdConsumer {
     zero_rows(sdO(_, _, do_read.index()), max(rows_here, 0), kBlockM);
     tails_visible();
   }
-  // Hidden scores (and queries past the sequence) get P = 0 by assignment: their LSE and inputs may be anything.
-  // dS = P (dP - D) is then 0 too: dP and D are finite there (zeroed K/V/Q/dO tails, D read as 0). s and its
-  // coordinates cS_rc: (keys, queries) of the thread's S^T fragment.
+  // Hidden scores (and queries past the sequence) get P = 0 by assignment (`hidden`: 0 for a probability, -inf for
+  // an exponent before exp2): their LSE and inputs may be anything. dS = P (dP - D) is then 0 too: dP and D are finite
+  // there (zeroed K/V/Q/dO tails, D read as 0). s and its coordinates cS_rc: (keys, queries) of the thread's S^T
+  // fragment.
   template <class TP, class TC>
-  __device__ static void mask_probs(TP&& s, const TC& cS_rc, const Block& blk, int m0) {
+  __device__ static void mask_probs(TP&& s, const TC& cS_rc, const Block& blk, int m0, float hidden = 0.f) {
     constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
@@ -190,7 +191,7 @@ struct BwdConsumer {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int key = get<0>(cS_rc(r, 0));
-        if (key < lo || key >= hi) s(r, c) = 0.f;
+        if (key < lo || key >= hi) s(r, c) = hidden;
       }
     }
   }
@@ -301,31 +302,33 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) dsum_cols[c] = dsum[get<1>(cS_rc(0, c))];
       }
+      // P: the exponents (base 2) first, hidden scores' set to -inf (exp2 gives exactly 0), then the exponentials,
+      // half written before dP^T's wait and half after, with nothing between them and dS, so that ptxas can spread
+      // them among dS's arithmetic (d128 SASS: 11 of a thread's 32 MUFU.EX2 before the wait without a mask, 1 with
+      // the window mask, the rest among dS's FMULs). Written as one burst before the wait, with the mask's branch
+      // and dV's issue after it, they ran bound by the MUFU pipe (ncu source counters: their stalls were the
+      // kernel's largest, bench/results/2026-12-06_h100_session36). Where dS takes the rounded P
+      // (kDsFromRoundedP), P is whole before the wait.
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
         const float lse_c = kStatsInRegs ? lse_cols[c] : lse[get<1>(cS_rc(0, c))];
         CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_c);
+        for (int r = 0; r < kRows; ++r) s(r, c) = s(r, c) * p.scale_log2 - lse_c;
       }
-      if (edge) Base::mask_probs(s, cS_rc, blk, m0);
-      // dV += P^T.dO runs on the tensor cores while dS is formed (with dropout its operand is the kept P; rP, the
-      // whole P rounded, then only serves dS where kDsFromRoundedP).
+      if (edge) Base::mask_probs(s, cS_rc, blk, m0, -INFINITY);
+      constexpr int kColsEarly = Traits::kDsFromRoundedP ? kCols : kCols / 2;
+      CUTE_UNROLL
+      for (int c = 0; c < kColsEarly; ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c));
+      }
+      warpgroup_wait<0>();  // dP^T is ready
+      CUTE_UNROLL
+      for (int c = kColsEarly; c < kCols; ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c));
+      }
       Tensor rP = convert_fragment<Element>(tSrS);
-      if constexpr (kDropout) {
-        // (kDsFromRoundedP: from the rounded P, which dS reads, so that the fp32 one dies here.)
-        Tensor rPk = [&] {
-          if constexpr (Traits::kDsFromRoundedP)
-            return drop.kept_rounded(rP);
-          else
-            return drop.template kept_probs<Element>(tSrS);
-        }();
-        Tensor tdVrP = make_tensor(rPk.data(), acc_as_a_operand(rPk.layout()));
-        wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
-      } else {
-        Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
-        wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
-      }
-      warpgroup_wait<1>();  // dP^T is ready
       // With 128 query rows (d64) the fp32 P would stay live beside dP, its bf16 copy and dK/dV (ptxas spilled):
       // dS takes the rounded P there, which dV uses too.
       Tensor p_rounded = make_tensor(rP.data(), rows_cols(rP.layout()));
@@ -346,6 +349,22 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       // previous step), then dQ over both warpgroups' keys. The barrier also publishes the next step's LSE and D
       // (their buffer was last read before the previous step's barrier).
       cute::copy(copy_ds, copy_ds_thr.retile_S(rdS), tdSsdS(_, _, _, buf));
+      // dV += P^T.dO once dS is formed (FlashAttention-3/4's order): issued before it, it needed every exponential
+      // before dP^T's wait.
+      if constexpr (kDropout) {
+        // (kDsFromRoundedP: from the rounded P, which dS reads, so that the fp32 one dies here.)
+        Tensor rPk = [&] {
+          if constexpr (Traits::kDsFromRoundedP)
+            return drop.kept_rounded(rP);
+          else
+            return drop.template kept_probs<Element>(tSrS);
+        }();
+        Tensor tdVrP = make_tensor(rPk.data(), acc_as_a_operand(rPk.layout()));
+        wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
+      } else {
+        Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
+        wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
+      }
       if (has_next) this->store_stat(next_stat, buf ^ 1);
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
