@@ -308,7 +308,8 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       // the window mask, the rest among dS's FMULs). Written as one burst before the wait, with the mask's branch
       // and dV's issue after it, they ran bound by the MUFU pipe (ncu source counters: their stalls were the
       // kernel's largest, bench/results/2026-12-06_h100_session36). Where dS takes the rounded P
-      // (kDsFromRoundedP), P is whole before the wait.
+      // (kDsFromRoundedP), the source forms all of P before the wait; ptxas still issues 63 of the 64 exponentials
+      // a thread after it (d64 SASS).
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
         const float lse_c = kStatsInRegs ? lse_cols[c] : lse[get<1>(cS_rc(0, c))];
