@@ -97,16 +97,20 @@ def main():
     if a.flow:
         lo, hi = map(int, a.flow.split("-"))
         acc, cnt, ops = 0, 0, collections.Counter()
+
+        def run_between():  # the instructions since the last marked line, summed
+            if cnt:
+                print(
+                    f"      .. {cnt:3d} instructions {acc / total * 100:5.2f}%  "
+                    + " ".join(f"{o}{c}" for o, c in ops.most_common(6))
+                )
+
         for i in range(lo, min(hi + 1, len(rows))):
             r = rows[i]
             src = r[ix["Source"]].strip()
             n = num(r, ix, "# Samples")
             if MARK.search(src):
-                if cnt:
-                    print(
-                        f"      .. {cnt:3d} instructions {acc / total * 100:5.2f}%  "
-                        + " ".join(f"{o}{c}" for o, c in ops.most_common(6))
-                    )
+                run_between()
                 acc, cnt, ops = 0, 0, collections.Counter()
                 ex = num(r, ix, "Instructions Executed")
                 print(f"{i:5d} {n / total * 100:5.2f}% ex={ex / 1e3:6.0f}k {src[:90]}")
@@ -114,11 +118,7 @@ def main():
                 acc += n
                 cnt += 1
                 ops[opcode(src)] += 1
-        if cnt:
-            print(
-                f"      .. {cnt:3d} instructions {acc / total * 100:5.2f}%  "
-                + " ".join(f"{o}{c}" for o, c in ops.most_common(6))
-            )
+        run_between()
     for rg in a.regions or []:
         lo, hi = map(int, rg.split("-"))
         stalls, n = collections.Counter(), 0

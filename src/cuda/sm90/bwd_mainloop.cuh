@@ -318,17 +318,16 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       }
       if (edge) Base::mask_probs(s, cS_rc, blk, m0, -INFINITY);
       constexpr int kColsEarly = Traits::kDsFromRoundedP ? kCols : kCols / 2;
-      CUTE_UNROLL
-      for (int c = 0; c < kColsEarly; ++c) {
+      auto exp2_cols = [&](auto from, auto to) {  // columns [from, to), compile-time bounds
         CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c));
-      }
+        for (int c = decltype(from)::value; c < decltype(to)::value; ++c) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c));
+        }
+      };
+      exp2_cols(Int<0>{}, Int<kColsEarly>{});
       warpgroup_wait<0>();  // dP^T is ready
-      CUTE_UNROLL
-      for (int c = kColsEarly; c < kCols; ++c) {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c));
-      }
+      exp2_cols(Int<kColsEarly>{}, Int<kCols>{});
       Tensor rP = convert_fragment<Element>(tSrS);
       // With 128 query rows (d64) the fp32 P would stay live beside dP, its bf16 copy and dK/dV (ptxas spilled):
       // dS takes the rounded P there, which dV uses too.
