@@ -5,10 +5,12 @@
 # under the patch's name. On each patched build: the backward GPU suites (DEV_AB_CASES), and with DEV_AB_SAN=1 (the
 # default for a single patch) memcheck + racecheck on the sm90 backward's sanitizer cases. Then bench_bwd.py times
 # every library beside FA2 and cuDNN in one process, twice, the second time in reverse order, and prints a table.
-# usage: bench/gpu/dev/bwd_patch_ab.sh OUTDIR PATCH [PATCH ...]     (PATCHes relative to the checkout)
+# usage: bench/gpu/dev/bwd_patch_ab.sh OUTDIR PATCH [PATCH ...]     (PATCHes relative to the checkout; one named
+# diag_*.patch is a diagnostic that gives wrong results by design, e.g. an upper bound: built and timed, no suites)
 # DEV_AB_HDIMS (default "64,128") and DEV_AB_SEQLENS (default "1024 4096 16384"): the timed shapes. DEV_AB_ROUNDS=N:
 # one process instead of the two orders, each library and peer timed N times per shape, interleaved, and the median
-# (bench_bwd.py --rounds; every round's value on its "# rounds" lines).
+# (bench_bwd.py --rounds; every round's value on its "# rounds" lines). DEV_AB_BASE_CASES (default none) and
+# DEV_AB_BASE_SAN=1: the checkout itself through the suites and the sanitizers (an uncommitted change under test).
 set -uo pipefail
 OUT=$1; shift
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -17,7 +19,8 @@ W=$DEV_BWD_WORK
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 lib() { find "$W/build" -name 'libflashattn_capi.so' | head -1; }
-DEV_PYTHON=OFF bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/base" none || exit 1
+DEV_PYTHON=OFF DEV_BWD_SANITIZE=${DEV_AB_BASE_SAN:-0} DEV_GTEST_S=${DEV_GTEST_S:-150} DEV_SAN_S=${DEV_SAN_S:-80} \
+  bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/base" "${DEV_AB_BASE_CASES:-none}" || exit 1
 cp "$(lib)" "$W/base.so" || exit 1
 libs=("$W/base.so:base")
 san=${DEV_AB_SAN:-$([[ $# == 1 ]] && echo 1 || echo 0)}
@@ -25,8 +28,10 @@ for patch in "$@"; do
   tag=$(basename "$patch" .patch)
   (cd "$REPO" && git apply --whitespace=nowarn "$patch") || { echo "$tag: does not apply"; continue; }
   echo "== $tag"
+  cases=${DEV_AB_CASES:-Sm90*/Backward.*:-*fp16*}
+  [[ $tag == diag_* ]] && cases=none  # a diagnostic (wrong results by design): timed, not tested
   DEV_PYTHON=OFF DEV_BWD_SANITIZE=$san DEV_GTEST_S=${DEV_GTEST_S:-150} DEV_SAN_S=${DEV_SAN_S:-80} \
-    bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/$tag" "${DEV_AB_CASES:-Sm90*/Backward.*:-*fp16*}" &&
+    bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/$tag" "$cases" &&
     cp "$(lib)" "$W/$tag.so" && libs+=("$W/$tag.so:$tag")
   (cd "$REPO" && git apply -R --whitespace=nowarn "$patch")
 done

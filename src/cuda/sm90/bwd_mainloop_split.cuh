@@ -2,14 +2,17 @@
 // keys, and a thread cannot hold its keys' dK and dV over the whole head dim (2 * 64 * 256 / 128 accumulators at
 // d256), so the two consumer warpgroups split it. Per step:
 //   S^T, dP^T   each warpgroup for its 32 of the 64 query columns (K and V rows as A, Q and dO rows as B)
-//   P           formed in registers as in BwdMainloop and written as P^T (bf16) to shared memory; a barrier
-//               (both warpgroups' halves in place), then dV_w += P^T . dO[:, half w] is issued, so that it runs
-//               while dS is formed (FlashAttention-3 publishes P first for the same reason; +1-2 % at every
-//               d256 shape, bench/results/2026-12-03_h200_session22)
-//   dS          dS^T (bf16) to shared memory; barrier (the buffers alternate per step: the other warpgroup may
-//               still read the previous step's)
-//   dK_w += dS^T . Q[:, half w], dQ[:, half w] = dS . K[:, half w]   (all from shared memory)
-// and each thread adds its dQ fragment into the fp32 workspace with vector reductions, in the register order of
+//   P, dS       formed in registers as in BwdMainloop, written as P^T and dS^T (bf16) to shared memory; one barrier
+//               (both warpgroups' halves in place; the buffers alternate per step: the other warpgroup may still
+//               read the previous step's)
+//   dQ[:, half w] = dS . K[:, half w] in slices (Traits::kDqSlices), then dV_w += P^T . dO[:, half w] and
+//               dK_w += dS^T . Q[:, half w], all from shared memory
+// The dQ reductions are the d256 backward's limit: with them compiled out it ran 1.38-1.54x as fast (H100,
+// bench/results/2026-12-06_h100_session37/README.md). So every GEMM of the step after the exponentials is issued
+// behind dQ's first slice, and each slice's reductions run under the GEMMs issued after it. That order measured
+// +7-16 % at d256 against dQ issued last (its reductions with no GEMM in flight), and issuing dV there rather than
+// before dS is formed (FlashAttention-3's order, which hides the dS arithmetic under dV) another 0-4 %.
+// Each thread adds its dQ fragment into the fp32 workspace with vector reductions, in the register order of
 // the staging tiles (dq_convert_kernel reads that order). A role split instead (warpgroup 0 S^T and P, warpgroup
 // 1 dP^T and dS, 64 query columns each, P handed over through shared memory) measured 4-7% slower without a mask
 // and 1-4% faster causal at d256 (bench/results/2026-12-02_h200_session14/dev4_bwd_dev.csv against dev3_).
@@ -133,11 +136,7 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
         Tensor rP = convert_fragment<Element>(tSrS);
         cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
       }
-      // Both halves of P^T in place, then dV (an SS GEMM: no register operand stays pinned while dS is formed).
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kPReady);
-      wgmma_gemm<false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdO(_, _, _, do_stage), acc_dv);
-      warpgroup_wait<1>();  // dP^T is ready (dV may still run)
+      warpgroup_wait<0>();  // dP^T is ready
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
         CUTE_UNROLL
@@ -152,32 +151,40 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
 
+      // dQ's slices, dV, dK (the file's header says why this order).
+      constexpr int kSlices = Traits::kDqSlices;
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, 1, kSlices)
+      for_each(make_int_sequence<kSlices>{}, [&](auto j) {
+        wgmma_gemm_slice<true, decltype(j)::value>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
+      });
+      wgmma_gemm<false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdO(_, _, _, do_stage), acc_dv);
       wgmma_gemm<false>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQ(_, _, _, q_stage), acc_dk);
-      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-      wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
       if constexpr (kDropout)
         if (has_next) drop.draw(p, cS_rc, bh, n0, m0 + kBlockM, lane);
-      warpgroup_wait<0>();
-      this->release_step();
 
-      // (dQ issued first, its reductions under dV and dK, spilled 56-72 bytes: ptxas sm_90a d256.)
       float* dq = dq_tiles + int64_t(m) * p.dq_tile;
       // Deterministic: thread 0 waits for the tile's turn, every consumer thread adds, and after a barrier thread 0
       // counts the block (the release covers the other threads' reductions, which the barrier ordered before it,
-      // as in CUTLASS's GenericBarrier). kPReady's participants are the same 256 threads, and every thread passes its
-      // syncs in the same order, so the barrier id is shared.
+      // as in CUTLASS's GenericBarrier).
       if (order != nullptr) {
         if (ctid == 0) wait_for_count(order + m, blk.dq_turn(m));
-        cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kPReady);
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kDqOrdered);
       }
-      static_assert(decltype(size(acc_dq))::value % 4 == 0);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 4)
-        red_add_f32x4(dq + (i / 4 * kWgThreads + tid) * 4, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      constexpr int kSliceFloats = decltype(size(acc_dq))::value / kSlices;
+      static_assert(kSliceFloats % 4 == 0);
+      for_each(make_int_sequence<kSlices>{}, [&](auto j) {
+        constexpr int kJ = decltype(j)::value;
+        warpgroup_wait<kSlices - kJ + 1>();  // slice j is done; the later slices, dV and dK may run
+        CUTE_UNROLL
+        for (int i = kJ * kSliceFloats; i < (kJ + 1) * kSliceFloats; i += 4)
+          red_add_f32x4(dq + (i / 4 * kWgThreads + tid) * 4, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      });
       if (order != nullptr) {
-        cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kPReady);
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kDqOrdered);
         if (ctid == 0) count_one(order + m);
       }
+      warpgroup_wait<0>();
+      this->release_step();
     }
   }
 };

@@ -92,10 +92,27 @@ struct BwdTraits {
       decltype(GMMA::rs_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kHeadDim>, Int<kBlockM>>,
                                     GMMA::Major::K, GMMA::Major::MN>())>;
   using TiledMmadKV = decltype(make_tiled_mma(MmadKVOp{}, WgKeys{}));
-  using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kDqCols>, Int<kBlockN>>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      WgDq{}));
+  // Split at d256: each warpgroup's dQ columns as two 64-column slices, issued as two groups so that the first
+  // slice's reductions run under the second, dV and dK (bwd_mainloop_split.cuh). The N permutation keeps a warpgroup's
+  // columns contiguous (warpgroup w, slice j: [kDqCols * w + 64 j, + 64)), so the fragment holds the same columns
+  // in the same register order as one m64 x kDqCols atom and the workspace order does not change. (d192's 48-column
+  // slices would start inside a 32-column SW64 atom of K: one slice there.)
+  static constexpr int kDqSlices = kSplitHeadDim && kDqCols % 128 == 0 ? 2 : 1;
+  static constexpr int kDqSliceCols = kDqCols / kDqSlices;
+  using DqPermutation = Tile<
+      Underscore,
+      Layout<Shape<Int<kDqSliceCols>, Int<kConsumerWGs>, Int<kDqSlices>>, Stride<_1, Int<kDqCols>, Int<kDqSliceCols>>>,
+      Underscore>;
+  using TiledMmadQ = std::conditional_t<
+      (kDqSlices > 1),
+      decltype(make_tiled_mma(
+          GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kDqSliceCols>, Int<kBlockN>>,
+                               GMMA::Major::MN, GMMA::Major::MN>(),
+          WgDq{}, DqPermutation{})),
+      decltype(make_tiled_mma(
+          GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kDqCols>, Int<kBlockN>>,
+                               GMMA::Major::MN, GMMA::Major::MN>(),
+          WgDq{}))>;
 
   // Q and dO: (block_q, d, stage). Their transposed views (d, block_q, stage) are the MN-major B operands of dK/dV.
   // (Split: an atom that divides half the head dim, since each warpgroup's dK/dV B operand starts there.)
@@ -176,11 +193,11 @@ struct BwdKernelParams {
 
 // Named barriers (ids above CUTLASS's reserved ones).
 enum BwdBarrier : int {
-  kdSReady = 0,  // both consumer warpgroups: this step's dS is in shared memory
-  kDqEmpty = 1,  // one per consumer warpgroup (1, 2) with the dQ writer warp: the next staging tile may be written
-  kDqFull = 3,   // one per consumer warpgroup (3, 4) with the dQ writer warp: this step's staging tile is written
-  kTails = 5,    // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
-  kPReady = 6,   // both consumer warpgroups (split mainloop): this step's P^T is in shared memory
+  kdSReady = 0,    // both consumer warpgroups: this step's dS is in shared memory
+  kDqEmpty = 1,    // one per consumer warpgroup (1, 2) with the dQ writer warp: the next staging tile may be written
+  kDqFull = 3,     // one per consumer warpgroup (3, 4) with the dQ writer warp: this step's staging tile is written
+  kTails = 5,      // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
+  kDqOrdered = 6,  // both consumer warpgroups (split mainloop, deterministic): the dQ tile's turn, its adds issued
   kBwdBarrierCount
 };
 static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16,

@@ -61,4 +61,22 @@ __device__ __forceinline__ void wgmma_gemm(Mma& mma, const TA& a, const TB& b, T
   if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
+// One N slice J (the tiled MMA's repeat J along N) of acc (+)= A.B, committed as one group like wgmma_gemm: A and
+// B from shared memory, one M atom (fragment (MMA, 1, N)).
+template <bool kZeroInit, int J, class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_gemm_slice(Mma& mma, const TA& a, const TB& b, TC& c) {
+  static_assert(decltype(size<1>(a))::value == 1 && decltype(size<1>(c))::value == 1);
+  Tensor cj = c(_, 0, J);
+  warpgroup_fence_operand(cj);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, 0, k), b(_, J, k), cj);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(cj);
+}
+
 }  // namespace flashattn::cuda::sm90
