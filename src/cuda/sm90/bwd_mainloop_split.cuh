@@ -7,7 +7,7 @@
 //               read the previous step's)
 //   dQ[:, half w] = dS . K[:, half w] in slices (Traits::kDqSlices), then dV_w += P^T . dO[:, half w] and
 //               dK_w += dS^T . Q[:, half w], all from shared memory
-// The dQ reductions are the d256 backward's limit: with them compiled out it ran 1.38-1.54x as fast (H100,
+// The dQ reductions are the d256 backward's limit: with them compiled out it ran 1.37-1.54x as fast (H100,
 // bench/results/2026-12-06_h100_session37/README.md). So every GEMM of the step after the exponentials is issued
 // behind dQ's first slice, and each slice's reductions run under the GEMMs issued after it. That order measured
 // +7-16 % at d256 against dQ issued last (its reductions with no GEMM in flight), and issuing dV there rather than
