@@ -61,22 +61,16 @@ __device__ __forceinline__ void wgmma_gemm(Mma& mma, const TA& a, const TB& b, T
   if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
-// One N slice J (the tiled MMA's repeat J along N) of acc (+)= A.B, committed as one group like wgmma_gemm: A and
-// B from shared memory, one M atom (fragment (MMA, 1, N)).
+// One N slice J (the tiled MMA's repeat J along N) of acc (+)= A.B, committed as one group by wgmma_gemm: B's and
+// acc's repeat J as one-repeat views (A: (MMA, 1, K); acc: (MMA, 1, N)).
 template <bool kZeroInit, int J, class Mma, class TA, class TB, class TC>
 __device__ __forceinline__ void wgmma_gemm_slice(Mma& mma, const TA& a, const TB& b, TC& c) {
   static_assert(decltype(size<1>(a))::value == 1 && decltype(size<1>(c))::value == 1);
-  Tensor cj = c(_, 0, J);
-  warpgroup_fence_operand(cj);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, 0, k), b(_, J, k), cj);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(cj);
+  auto bj = b(_, J, _);  // (MMA, K)
+  Tensor b_view = make_tensor(bj.data(), make_layout(layout<0>(bj), Layout<_1>{}, layout<1>(bj)));
+  auto cj = c(_, _, J);  // (MMA, 1)
+  Tensor c_view = make_tensor(cj.data(), append(cj.layout(), Layout<_1>{}));
+  wgmma_gemm<kZeroInit>(mma, a, b_view, c_view);
 }
 
 }  // namespace flashattn::cuda::sm90
