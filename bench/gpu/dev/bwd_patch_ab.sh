@@ -19,6 +19,14 @@ W=$DEV_BWD_WORK
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 lib() { find "$W/build" -name 'libflashattn_capi.so' | head -1; }
+# A warm machine keeps $W/build from the last call, whose last build had a patch applied; this call's copy of the
+# checkout brings the reverted files with their older times, so ninja would call the patched objects up to date and
+# "base" would be the last patch (seen in bench/results/2026-12-06_h100_session38, run 2). The files each patch
+# touched are listed in $W/patched and touched here so that they recompile.
+if [[ -f $W/patched ]]; then
+  while read -r f; do [[ -f $REPO/$f ]] && touch "$REPO/$f"; done <"$W/patched"
+  rm -f "$W/patched"
+fi
 DEV_PYTHON=OFF DEV_BWD_SANITIZE=${DEV_AB_BASE_SAN:-0} DEV_GTEST_S=${DEV_GTEST_S:-150} DEV_SAN_S=${DEV_SAN_S:-80} \
   bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/base" "${DEV_AB_BASE_CASES:-none}" || exit 1
 cp "$(lib)" "$W/base.so" || exit 1
@@ -26,6 +34,7 @@ libs=("$W/base.so:base")
 san=${DEV_AB_SAN:-$([[ $# == 1 ]] && echo 1 || echo 0)}
 for patch in "$@"; do
   tag=$(basename "$patch" .patch)
+  (cd "$REPO" && git apply --numstat "$patch" | cut -f3) >>"$W/patched"
   (cd "$REPO" && git apply --whitespace=nowarn "$patch") || { echo "$tag: does not apply"; continue; }
   echo "== $tag"
   cases=${DEV_AB_CASES:-Sm90*/Backward.*:-*fp16*}
