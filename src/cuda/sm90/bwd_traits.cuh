@@ -103,16 +103,11 @@ struct BwdTraits {
       Underscore,
       Layout<Shape<Int<kDqSliceCols>, Int<kConsumerWGs>, Int<kDqSlices>>, Stride<_1, Int<kDqCols>, Int<kDqSliceCols>>>,
       Underscore>;
-  using TiledMmadQ = std::conditional_t<
-      (kDqSlices > 1),
-      decltype(make_tiled_mma(
-          GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kDqSliceCols>, Int<kBlockN>>,
-                               GMMA::Major::MN, GMMA::Major::MN>(),
-          WgDq{}, DqPermutation{})),
-      decltype(make_tiled_mma(
-          GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kDqCols>, Int<kBlockN>>,
-                               GMMA::Major::MN, GMMA::Major::MN>(),
-          WgDq{}))>;
+  using MmadQOp =
+      decltype(GMMA::ss_op_selector<Element, Element, float, Shape<Int<kWgRows>, Int<kDqSliceCols>, Int<kBlockN>>,
+                                    GMMA::Major::MN, GMMA::Major::MN>());
+  using TiledMmadQ = std::conditional_t<(kDqSlices > 1), decltype(make_tiled_mma(MmadQOp{}, WgDq{}, DqPermutation{})),
+                                        decltype(make_tiled_mma(MmadQOp{}, WgDq{}))>;
 
   // Q and dO: (block_q, d, stage). Their transposed views (d, block_q, stage) are the MN-major B operands of dK/dV.
   // (Split: an atom that divides half the head dim, since each warpgroup's dK/dV B operand starts there.)
