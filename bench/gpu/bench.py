@@ -16,7 +16,8 @@ FLASHATTN_SM90_MECHANISMS (read by the library at every forward call, so it is s
 cuDNN at the same shapes for reference. Rows kind=ablation, backend=variant ('default' = the variable unset).
 A build without the variants ignores the variable: every variant then times the default kernel.
 
-  python3 bench.py --csv results.csv [--quick] [--ablations] [--deadline EPOCH_S]
+  python3 bench.py --csv results.csv [--quick] [--ablations] [--deadline EPOCH_S] [--dtypes bf16,fp16]
+                   [--training-only] [--decode-only] [--features LIST]
 Rows: kind,backend,dtype,hdim,causal,seqlen,batch,heads,ms,tflops,note  (ceilings: tflops is TFLOP/s or TB/s;
 memory: ms is empty, tflops holds MiB). Every timed shape of ours is also checked against FA2's output
 (note 'maxdiff_vs_fa2=...'; ablation rows against cuDNN's) so that a fast wrong kernel cannot hide in the table.
@@ -202,8 +203,11 @@ def agreement(out, fa2_out) -> str:
     return note + ("" if bool(torch.isfinite(out).all()) else " NONFINITE")
 
 
+TRAINING_DTYPES = ("bf16", "fp16")  # --dtypes
+
+
 def shapes(quick: bool):
-    dtypes = ("bf16",) if quick else ("bf16", "fp16")
+    dtypes = ("bf16",) if quick else TRAINING_DTYPES
     hdims = (64, 128) if quick else (64, 128, 256)
     seqlens = (1024, 8192) if quick else (512, 1024, 2048, 4096, 8192, 16384)
     for dt in dtypes:
@@ -553,6 +557,7 @@ def fp8_rows(b: Bench, ours):
 
 
 def main():
+    global TRAINING_DTYPES
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", required=True)
     ap.add_argument("--quick", action="store_true")
@@ -566,7 +571,17 @@ def main():
                     help="only the decode rows (after the ceilings), and the feature-cost rows --features names")
     ap.add_argument("--features", default="sink,dropout",
                     help="feature rows, comma-separated: sink, dropout (feature_rows), fp8 (fp8_rows); '' for none")
+    ap.add_argument("--dtypes", default=",".join(TRAINING_DTYPES),
+                    help="the training table's dtypes, comma-separated (bf16, fp16); --quick times bf16 alone")
+    ap.add_argument("--training-only", action="store_true",
+                    help="the training table alone (and the ceilings and memory rows): no decode or feature rows")
     a = ap.parse_args()
+    if a.training_only and a.decode_only:
+        ap.error("--training-only and --decode-only exclude each other")
+    TRAINING_DTYPES = tuple(d for d in a.dtypes.split(",") if d)
+    unknown = set(TRAINING_DTYPES) - set(common.DTYPES)
+    if unknown or not TRAINING_DTYPES:
+        ap.error(f"--dtypes: {a.dtypes!r} must list some of {', '.join(common.DTYPES)}")
     info = common.env_info()
     print("# " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
     ours = common.load_ours(DEV)
@@ -578,8 +593,9 @@ def main():
     b = Bench(a.csv, warmup_ms=25 if a.quick else 50, rep_ms=100 if a.quick else 200)
     t0 = time.time()
     ceilings(b)
-    decode_rows(b, ours, a.quick)
-    for feature in filter(None, a.features.split(",")):
+    if not a.training_only:
+        decode_rows(b, ours, a.quick)
+    for feature in filter(None, "" if a.training_only else a.features.split(",")):
         if feature == "fp8":
             fp8_rows(b, ours)
         else:

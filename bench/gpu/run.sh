@@ -6,7 +6,7 @@
 #   sanitizer.log bench.log; the device tool brings back at most 8).
 #
 # usage: bench/gpu/run.sh OUTDIR [--quick] [--build-dir DIR] [--archs LIST] [--jobs N] [--skip STEP,...]
-#                          [--budget S] [--mock] [--ablations]
+#                          [--budget S] [--mock] [--ablations] [--training DTYPES]
 #   --quick       a few shapes (about a minute after the build); without it the full record run
 #   --build-dir   a build folder made elsewhere (its paths are rewritten for ctest); default: configure and
 #                 build here with cmake -G Ninja -DFLASHATTN_KERNELS=default
@@ -25,6 +25,11 @@
 #   FlashAttention-4 runs beside the others (backend fa4: an FA4 and an ours/FA4 column in results.md) wherever
 #                 `flash_attn.cute` imports: e.g. eval "$(bash bench/gpu/dev/fa4_parts.sh install .peers/fa4)" before
 #                 this script, after the two stashing calls fa4_parts.sh describes. Each shape then takes 8 timings, not 6.
+#   --training DTYPES  the training table alone (forward and backward rows) in these dtypes, e.g. bf16 (the bars'
+#                 dtype, ../shared/anchors/targets_vs_cudnn_h200.tsv): no decode or feature rows. With every correctness
+#                 step skipped the build then makes only the units that table runs (FLASHATTN_DTYPES, no sm90 dropout
+#                 or FP8 units; 12 kernel units instead of 42 for bf16): the same instantiations as the default set's,
+#                 so its rows time the default build's kernels (estimated at half a full record run's device time).
 #   --ablations   for a build with the sm90 ablation variants only: bench.py --ablations times the sm90 bf16 d128
 #                 forward once per FLASHATTN_SM90_MECHANISMS variant (seqlen 2k/8k/16k, causal and not, cuDNN
 #                 beside it) after the main table, which leaves it its time; results.md gets an Ablation table.
@@ -42,7 +47,7 @@ set -uo pipefail
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2; }
 [[ $# -ge 1 && $1 != -* ]] || usage
 OUTDIR=$1; shift
-QUICK=0; BUILD_DIR=""; ARCHS="90a"; JOBS=$(nproc); SKIP=""; MOCK=0; BUDGET=570; ABLATIONS=""
+QUICK=0; BUILD_DIR=""; ARCHS="90a"; JOBS=$(nproc); SKIP=""; MOCK=0; BUDGET=570; ABLATIONS=""; TRAINING=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --quick) QUICK=1 ;;
@@ -53,11 +58,14 @@ while [[ $# -gt 0 ]]; do
     --mock) MOCK=1 ;;
     --ablations) ABLATIONS=--ablations ;;
     --budget) BUDGET=$2; shift ;;
+    --training) TRAINING=$2; shift ;;
     *) usage ;;
   esac
   shift
 done
 
+[[ -z $TRAINING || $TRAINING =~ ^(bf16|fp16)(,(bf16|fp16))?$ ]] ||
+  { echo "--training: a comma-separated list of bf16 and fp16 (got '$TRAINING')" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 mkdir -p "$OUTDIR"; OUTDIR=$(cd "$OUTDIR" && pwd)
@@ -185,6 +193,12 @@ if ! skip build; then
     if skip ctest && skip ctest_cpu && skip check && skip pytest && skip sanitize; then
       extra+=(-DFLASHATTN_TESTS=OFF -DFLASHATTN_SM90_SCORE_MODS=OFF)
       BENCH_SET=" (benchmarked kernels only: no tests, no sm90 score-mods units)"
+      if [[ -n $TRAINING ]]; then
+        # Fewer units than cores: the split units shorten the longest one (src/cuda/CMakeLists.txt).
+        extra+=("-DFLASHATTN_DTYPES=${TRAINING//,/;}" -DFLASHATTN_SM90_DROPOUT=OFF -DFLASHATTN_SM90_FP8=OFF
+                -DFLASHATTN_FINE_UNITS=ON)
+        BENCH_SET=" (the training table's kernels only: dtypes $TRAINING, no sm90 dropout, FP8 or score-mods units, no tests)"
+      fi
     else
       read -r -a gt <<<"$(gtest_args 2>>"$BUILD_LOG")"
     fi
@@ -486,7 +500,9 @@ echo "{\"gpu\": $(json_str "$GPU_CT"), \"cpu\": $(json_str "$CPU_CT"), \"pytest\
 if ! skip bench; then
   stamp "bench.py $QFLAG $ABLATIONS" | tee -a "$BENCH_LOG"
   # bench.py stops adding shapes at its deadline (the report needs ~15 s); timeout is the backstop.
-  timeout "$(left 5 30)" "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG $ABLATIONS ${FLASHATTN_BENCH_ARGS:-} \
+  training=(); [[ -n $TRAINING ]] && training=(--training-only --dtypes "$TRAINING")
+  timeout "$(left 5 30)" "$PY" "$HERE/bench.py" --csv "$OUTDIR/results.csv" $QFLAG $ABLATIONS "${training[@]}" \
+    ${FLASHATTN_BENCH_ARGS:-} \
     ${FLASHATTN_ABLATION_VARIANTS:+--ablation-variants "$FLASHATTN_ABLATION_VARIANTS"} \
     --deadline $(( DEADLINE - 15 )) \
     >>"$BENCH_LOG" 2>&1 || STATUS=1

@@ -5,7 +5,7 @@
 1. bench.py's row logic on tiny shapes with bench/gpu/mock standing in for ours (on the CPU): peers that
    refuse (cuDNN has no CPU kernel), ours fwd/bwd, ours_sm80 through flashattn.ops.forward, a package without
    ops, the deadline stop, and --ablations (the variable set per variant and restored, a variant that raises
-   keeps its own NA row). triton's do_bench is replaced by a few timed calls.
+   keeps its own NA row), --dtypes's table. triton's do_bench is replaced by a few timed calls.
 2. report.py on that CSV and on the recorded 2026-11-30 H200 CSV (no ours_sm80, no ablation rows); plots
    only where matplotlib is installed.
 3. run.sh's sanitizer step (its Python, taken from run.sh) with a fake compute-sanitizer that reports an
@@ -60,6 +60,14 @@ def test_bench(tmp):
     os.environ["FLASHATTN_BENCH_PACKAGE"] = "flashattn_mock"
     import bench  # noqa: PLC0415
     import common  # noqa: PLC0415
+
+    # --dtypes narrows the training table (run.sh --training): bf16 alone is the 36 shapes of the bars.
+    saved = bench.TRAINING_DTYPES
+    bench.TRAINING_DTYPES = ("bf16",)
+    table = list(bench.shapes(False))
+    bench.TRAINING_DTYPES = saved
+    assert len(table) == 36 and {s[0] for s in table} == {"bf16"}, table
+    assert len(list(bench.shapes(False))) == 72
 
     bench.DEV = "cpu"
     bench.TOKENS, bench.MODEL_DIM = 256, 256
