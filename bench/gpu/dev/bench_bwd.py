@@ -4,16 +4,22 @@ model dim 2048 (heads = 2048 / hdim), FLOPs 2.5 * 4*B*H*S*S*D (halved when causa
 (ours: fa_backward on a saved out/lse; SDPA: autograd.grad on a retained graph).
 
     python3 bench_bwd.py LIB[:TAG] [LIB2[:TAG2] ...] [seqlen ...] [--hdims 64,128] [--deterministic] [--rounds N]
+                         [--rep MS]
 
 Several libraries (e.g. two builds of the backward) are timed in the same process, next to the same SDPA runs.
 --rounds N: every library and peer is timed N times per shape, interleaved (round r starts at the r-th of them), and
 the median is printed, after a "# rounds" line with every round's TFLOP/s: a drift of the clocks during a shape then
-moves all of them alike instead of whichever came last.
+moves all of them alike instead of whichever came last. A "# paired" line then gives each library's time against the
+first library's in the same round (first / it, so > 1 is faster), as the median over the rounds and its range: a
+ratio of neighbours in time, which a drift between rounds moves less than either median; a "# started" line gives
+the epoch second each timing began, to read against a clock log (bwd_patch_ab.sh writes one). --rep MS: do_bench's
+repeat time per timing (default 100; with many rounds, fewer ms each keep the run's length).
 
 Prints TSV: backend hdim causal seqlen batch heads ms tflops, and max |ours - flash2| of dq, dk, dv per shape.
 """
 import ctypes as C
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +42,12 @@ def lse_view(t):
     return v
 
 
+def paired(base, other):
+    """The median and range over rounds of base[r] / other[r] (> 1: other is faster)."""
+    ratios = sorted(b / o for b, o in zip(base, other))
+    return f"{ratios[len(ratios) // 2]:.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]"
+
+
 def main():
     args = sys.argv[1:]
     libs = load_libs(args)
@@ -49,6 +61,11 @@ def main():
     deterministic = "--deterministic" in args
     if deterministic:
         args.remove("--deterministic")
+    rep_ms = 100
+    if "--rep" in args:
+        i = args.index("--rep")
+        rep_ms = int(args[i + 1])
+        del args[i:i + 2]
     rounds = 1
     if "--rounds" in args:
         i = args.index("--rounds")
@@ -96,7 +113,7 @@ def main():
                     grads[tag] = [t.clone() for t in (dq, dk, dv)]
                     if deterministic:
                         tag += "_det"
-                    timers[tag] = lambda f=forward, b=ours: (f(), do_bench(b, warmup=25, rep=100,
+                    timers[tag] = lambda f=forward, b=ours: (f(), do_bench(b, warmup=25, rep=rep_ms,
                                                                               return_mode="median"))[1]
                     if rounds == 1:  # as before --rounds: each library timed right after its forward, peers last
                         ms = timers[tag]()
@@ -119,19 +136,27 @@ def main():
                             timers[name] = lambda ms=ms: ms
                             o = fn = None
                         else:
-                            timers[name] = lambda fn=fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
+                            timers[name] = lambda fn=fn: do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
                             keep.append(o)
                     except Exception as e:  # backend refuses the shape
                         print(f"# {name} failed: {type(e).__name__}: {str(e)[:80]}")
                 names = list(timers)
                 times = {name: [] for name in names}
+                starts = {name: [] for name in names}  # epoch seconds each timing began (against a clock log)
                 for r in range(rounds):
                     for name in names[r % len(names):] + names[:r % len(names)]:
+                        starts[name].append(time.time())
                         times[name].append(timers[name]())
                 results = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
                 if rounds > 1:
                     print(f"# rounds hdim {hdim} causal {int(causal)} seqlen {seqlen}: " + "  ".join(
                         f"{name} " + "/".join(f"{flops / t / 1e9:.1f}" for t in ts) for name, ts in times.items()),
+                          flush=True)
+                    print(f"# started hdim {hdim} causal {int(causal)} seqlen {seqlen}: " + "  ".join(
+                        f"{name} " + "/".join(f"{t:.2f}" for t in ts) for name, ts in starts.items()), flush=True)
+                    first = names[0]
+                    pairs = "  ".join(f"{n} {paired(times[first], ts)}" for n, ts in times.items() if n != first)
+                    print(f"# paired hdim {hdim} causal {int(causal)} seqlen {seqlen} (against {first}): {pairs}",
                           flush=True)
                 for name, ms in results.items():
                     print(f"{name}\t{hdim}\t{int(causal)}\t{seqlen}\t{batch}\t{heads}\t{ms:.4f}\t"

@@ -9,7 +9,9 @@
 # diag_*.patch is a diagnostic that gives wrong results by design, e.g. an upper bound: built and timed, no suites)
 # DEV_AB_HDIMS (default "64,128") and DEV_AB_SEQLENS (default "1024 4096 16384"): the timed shapes. DEV_AB_ROUNDS=N:
 # one process instead of the two orders, each library and peer timed N times per shape, interleaved, and the median
-# (bench_bwd.py --rounds; every round's value on its "# rounds" lines). DEV_AB_BASE_CASES (default none) and
+# (bench_bwd.py --rounds; every round's value on its "# rounds" lines, each patch against base round by round on
+# its "# paired" lines). DEV_AB_REP=MS: do_bench's repeat time per timing (default 100; 9 rounds of 30 ms take about
+# the time of 3 of 100 and pair neighbours closer in time). DEV_AB_BASE_CASES (default none) and
 # DEV_AB_BASE_SAN=1: the checkout itself through the suites and the sanitizers (an uncommitted change under test).
 set -uo pipefail
 OUT=$1; shift
@@ -46,10 +48,14 @@ for patch in "$@"; do
 done
 rev=(); for ((i = ${#libs[@]} - 1; i >= 0; i--)); do rev+=("${libs[i]}"); done
 cd "$REPO/bench/gpu/dev" || exit 1
+# The SM clock and power every 100 ms while the libraries are timed, to read against bench_bwd.py's "# started"
+# lines (nvidia-smi's timestamps are the machine's local time).
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 100 >"$OUT/clocks.csv" 2>&1 &
+clock_log=$!
 if [[ -n ${DEV_AB_ROUNDS:-} ]]; then
-  timeout 400 python3 bench_bwd.py "${libs[@]}" --rounds "$DEV_AB_ROUNDS" --hdims "${DEV_AB_HDIMS:-64,128}" \
-    ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_rounds.tsv" 2>&1
-  echo "bench_bwd rounds $DEV_AB_ROUNDS rc $?"; grep "^# rounds" "$OUT/ab_rounds.tsv"
+  timeout 400 python3 bench_bwd.py "${libs[@]}" --rounds "$DEV_AB_ROUNDS" --rep "${DEV_AB_REP:-100}" \
+    --hdims "${DEV_AB_HDIMS:-64,128}" ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_rounds.tsv" 2>&1
+  echo "bench_bwd rounds $DEV_AB_ROUNDS rc $?"; grep -E "^# (rounds|paired)" "$OUT/ab_rounds.tsv"
   tables=("$OUT/ab_rounds.tsv")
 else
   for order in fwd rev; do
@@ -60,6 +66,8 @@ else
   done
   tables=("$OUT/ab_fwd.tsv" "$OUT/ab_rev.tsv")
 fi
+kill "$clock_log" 2>/dev/null
+gzip -f "$OUT/clocks.csv"
 python3 - "${tables[@]}" <<'PYEOF'
 import sys, collections
 t = collections.defaultdict(dict)
