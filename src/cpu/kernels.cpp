@@ -2,7 +2,7 @@
 // namespace, FA_CPU_VEC_BYTES the vector width); backend.cpp picks the build that the processor runs.
 //
 // Forward: one task per (sequence, query head, 64-row query block), query-head-major so that a thread's tasks
-// mostly share a KV head, whose fp32 K/V tiles it then converts once (a per-thread cache of at most 4 MiB). K/V
+// mostly share a KV head, whose fp32 K/V tiles are converted once for all of them (SharedTiles, shared_tiles.hpp). K/V
 // are streamed in 64-key tiles; the online softmax keeps the running max m, sum l and the unnormalised output O of
 // the block in fp32, so the only memory beyond the inputs and outputs is a few tiles per thread (and that cache).
 // Backward: D = rowsum(dO * O) first; then one task per (sequence, query head, chunk of key blocks) that
@@ -22,6 +22,7 @@
 #include "core/problem.hpp"
 #include "cpu/numeric.hpp"
 #include "cpu/scratch.hpp"
+#include "cpu/shared_tiles.hpp"
 #include "cpu/tile_gemm.hpp"
 #include "cpu/tiles.hpp"
 
@@ -297,9 +298,12 @@ template <fa_dtype T>
 Error forward_impl(const Problem& p, int threads) {
   const Dims dm = dims_of(p, T == FA_BFLOAT16 && kHaveBf16Dot);
   const int64_t group = p.group();
-  // Every query block of a (sequence, KV head) reads the same K/V tiles: a thread keeps the fp32 tiles of the last
-  // (sequence, KV head) it converted when they fit kKvCacheBytes (4k keys of d128), and tasks run KV-head-major
-  // so that a thread's next task is mostly the same head. A task takes up to kQueryGroup consecutive query
+  // Every query block of a (sequence, KV head) reads the same K/V tiles: their fp32 copies are made once and shared
+  // by the threads working on that head (SharedTiles: kKvSlots heads at once, each at most kKvSlotBytes, 32k keys of
+  // d64 or 16k of d128), and tasks run KV-head-major so that the threads mostly work on one or two heads. A per-thread
+  // copy of 4 MiB (before) left 16k keys of d128 outside it: each task then gathered its tiles again from rows one
+  // (B, S, H, D) row apart, 11 % below the 4k rate in fp32 (2 threads, bench/results/2026-12-05_cpu_epyc2_session30.md
+  // and docs/journal/cpu.md). A task takes up to kQueryGroup consecutive query
   // blocks, which share each K/V tile it converts or reads from the cache: the K/V traffic per FLOP
   // of a 512-row block, while each block keeps its own 64-row softmax state (and its bits: every block visits the
   // same tiles in the same order either way). Fewer blocks per task only where the tasks would not keep every
@@ -307,7 +311,8 @@ Error forward_impl(const Problem& p, int threads) {
   // (bench/results/2026-12-01_cpu_fwd_16k_epyc2.md): at 16k (fp32, K/V outside the cache) 1, 4, 8, 16 blocks per
   // task ran 16.1-17.5, 13.4-14.2, 12.0, 12.6 s; at 4k (cached) 8 instead of 1 ran bf16 6-9% faster, fp32 the
   // same.
-  constexpr int64_t kKvCacheBytes = int64_t(4) << 20;
+  constexpr int64_t kKvSlotBytes = int64_t(32) << 20;
+  constexpr int kKvSlots = 3;
   constexpr int kQueryGroup = 8;
   int64_t max_lk = 0;
   for (int64_t b = 0; b < p.batch; ++b) max_lk = std::max(max_lk, p.len_k(b));
@@ -319,8 +324,13 @@ Error forward_impl(const Problem& p, int threads) {
   constexpr int64_t kVtCacheBytes = int64_t(4) << 20;
   const int64_t vt_cache_elems = kv_blocks_max * dm.bk * dm.dvp;
   const bool cache_vt = bf16_dot && vt_cache_elems > 0 && vt_cache_elems * 2 <= kVtCacheBytes;
-  const bool cache_kv = !bf16_dot && kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvCacheBytes;
+  const bool cache_kv = !bf16_dot && kv_cache_floats > 0 && kv_cache_floats * int64_t(sizeof(float)) <= kKvSlotBytes;
   const int nthreads = thread_count(threads);
+  // A slot per thread at most (each thread holds one head at a time) and per (sequence, KV head).
+  SharedTiles kv_shared;
+  if (cache_kv &&
+      !kv_shared.init(int(std::min<int64_t>({kKvSlots, nthreads, p.batch * p.heads_kv})), size_t(kv_cache_floats)))
+    return detail::backend_error("cpu: out of memory allocating the forward's shared K/V tiles");
   int64_t all_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) all_blocks += (p.len_q(b) + dm.bq - 1) / dm.bq;
   const int group_blocks = int(std::clamp<int64_t>(all_blocks * p.heads_q / (4 * int64_t(nthreads)), 1, kQueryGroup));
@@ -344,9 +354,9 @@ Error forward_impl(const Problem& p, int threads) {
     const size_t gb = size_t(group_blocks), fp32_tiles = bf16_dot ? 0 : 1;
     FloatBuffer qt(fp32_tiles * gb * dm.dp * dm.bq), k(fp32_tiles * dm.bk * dm.dp), v(fp32_tiles * dm.bk * dm.dvp);
     FloatBuffer st(size_t(dm.bk) * dm.bq), o(gb * dm.bq * dm.dvp), m(gb * dm.bq), l(gb * dm.bq), alpha(dm.bq);
-    FloatBuffer kv(cache_kv ? size_t(kv_cache_floats) : 0);
     PairBuffer vt_cache(cache_vt ? size_t(vt_cache_elems / 2) : 0), k_tile_buf(bf16_dot ? size_t(dm.bk) * dm.d / 2 : 0);
     int64_t cached_b = -1, cached_hk = -1;  // whose tiles kv (or vt_cache) holds
+    const float* kv = nullptr;              // the shared K/V tiles this thread holds (cache_kv), or none
     const bool pairs = T == FA_BFLOAT16 && kHaveBf16Dot;
 #if defined(FA_CPU_AMX)
     if (pairs) amx_configure();  // this thread's tiles for gemm_bf16 (tile_gemm.hpp)
@@ -359,7 +369,7 @@ Error forward_impl(const Problem& p, int threads) {
     auto* v_t = reinterpret_cast<uint16_t*>(v_t_buf.data());
     (void)q_pairs, (void)v_t, (void)p_pairs;
     const bool ok = (bf16_dot || (qt.data() && k.data() && v.data())) && st.data() && o.data() && m.data() &&
-                    l.data() && alpha.data() && (!cache_kv || kv.data()) && (!pairs || (q_pairs && v_t && p_pairs)) &&
+                    l.data() && alpha.data() && (!pairs || (q_pairs && v_t && p_pairs)) &&
                     (!cache_vt || vt_cache.data()) && (!bf16_dot || k_tile_buf.data());
     if (!ok) {
 #pragma omp atomic write
@@ -375,14 +385,15 @@ Error forward_impl(const Problem& p, int threads) {
       const int64_t h = task / nblocks, hk = h / group;
       const int64_t lq = p.len_q(b), lk = p.len_k(b);
       if (cache_kv && (cached_b != b || cached_hk != hk)) {
-        for (int64_t j0 = 0; j0 < lk; j0 += dm.bk) {
+        if (kv != nullptr) kv_shared.release(kv);
+        kv = kv_shared.acquire(b * p.heads_kv + hk, int((lk + dm.bk - 1) / dm.bk), [&](int t, float* tiles) {
+          const int64_t j0 = int64_t(t) * dm.bk;
           const int cols = int(std::min<int64_t>(dm.bk, lk - j0));
-          float* kt = kv.data() + j0 * dm.dp;
-          float* vt = kv.data() + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp;
-          load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, kt);
-          load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, vt);
-        }
-        cached_b = b;
+          load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, tiles + j0 * dm.dp);
+          load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp,
+                       tiles + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp);
+        });
+        cached_b = b;  // kv == nullptr: every slot held by other heads, the tiles converted per task below
         cached_hk = hk;
       }
 #if defined(FA_CPU_BF16_DOT)
@@ -452,9 +463,9 @@ Error forward_impl(const Problem& p, int threads) {
         const float* kt = k.data();
         const float* vt = v.data();
         bool v_packed = false;  // bf16: V of this tile in row pairs (v_rp), once for the group
-        if (cache_kv) {
-          kt = kv.data() + j0 * dm.dp;
-          vt = kv.data() + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp;
+        if (kv != nullptr) {
+          kt = kv + j0 * dm.dp;
+          vt = kv + kv_blocks_max * dm.bk * dm.dp + j0 * dm.dvp;
         } else if (!bf16_dot) {
           load_tile<T>(p, p.k, p.k_layout, b, hk, j0, dm.bk, cols, dm.d, dm.dp, k.data());
           load_tile<T>(p, p.v, p.v_layout, b, hk, j0, dm.bk, cols, dm.dv, dm.dvp, v.data());
@@ -604,6 +615,7 @@ Error forward_impl(const Problem& p, int threads) {
         }
       }
     }
+    if (kv != nullptr) kv_shared.release(kv);
   }
   if (alloc_failed) return detail::backend_error("cpu: out of memory allocating per-thread tiles");
   return detail::ok();
