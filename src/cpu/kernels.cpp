@@ -2,8 +2,8 @@
 // namespace, FA_CPU_VEC_BYTES the vector width); backend.cpp picks the build that the processor runs.
 //
 // Forward: one task per (sequence, query head, 64-row query block), query-head-major so that a thread's tasks
-// mostly share a KV head, whose fp32 K/V tiles are converted once for all of them (SharedTiles, shared_tiles.hpp). K/V
-// are streamed in 64-key tiles; the online softmax keeps the running max m, sum l and the unnormalised output O of
+// mostly share a KV head, whose fp32 K/V tiles are converted once for all of them (cpu/shared_tiles.hpp). K/V are
+// streamed in 64-key tiles; the online softmax keeps the running max m, sum l and the unnormalised output O of
 // the block in fp32, so the only memory beyond the inputs and outputs is a few tiles per thread (and that cache).
 // Backward: D = rowsum(dO * O) first; then one task per (sequence, query head, chunk of key blocks) that
 // recomputes P from the saved LSE tile by tile (the common rows in vectors), accumulates dK/dV of its key block in
@@ -300,10 +300,10 @@ Error forward_impl(const Problem& p, int threads) {
   const int64_t group = p.group();
   // Every query block of a (sequence, KV head) reads the same K/V tiles: their fp32 copies are made once and shared
   // by the threads working on that head (SharedTiles: kKvSlots heads at once, each at most kKvSlotBytes, 32k keys of
-  // d64 or 16k of d128), and tasks run KV-head-major so that the threads mostly work on one or two heads. A per-thread
-  // copy of 4 MiB (before) left 16k keys of d128 outside it: each task then gathered its tiles again from rows one
-  // (B, S, H, D) row apart, 11 % below the 4k rate in fp32 (2 threads, bench/results/2026-12-05_cpu_epyc2_session30.md
-  // and docs/journal/cpu.md). A task takes up to kQueryGroup consecutive query
+  // d64 or 16k of d128), and tasks run KV-head-major so that the threads mostly work on one or two heads. A 4 MiB
+  // copy per thread instead left 16k keys of d128 outside it, and every task gathered its tiles again from rows one
+  // (B, S, H, D) row apart: fp32 16k 2-6 % slower, fp16 16k 42 % (2 threads,
+  // bench/results/2026-12-06_cpu_zen5_session39.md). A task takes up to kQueryGroup consecutive query
   // blocks, which share each K/V tile it converts or reads from the cache: the K/V traffic per FLOP
   // of a 512-row block, while each block keeps its own 64-row softmax state (and its bits: every block visits the
   // same tiles in the same order either way). Fewer blocks per task only where the tasks would not keep every
