@@ -593,9 +593,10 @@ def main():
     b = Bench(a.csv, warmup_ms=25 if a.quick else 50, rep_ms=100 if a.quick else 200)
     t0 = time.time()
     ceilings(b)
+    features = [] if a.training_only else [f for f in a.features.split(",") if f]
     if not a.training_only:
         decode_rows(b, ours, a.quick)
-    for feature in filter(None, "" if a.training_only else a.features.split(",")):
+    for feature in features:
         if feature == "fp8":
             fp8_rows(b, ours)
         else:
