@@ -13,6 +13,8 @@
 # its "# paired" lines). DEV_AB_REP=MS: do_bench's repeat time per timing (default 100; 9 rounds of 30 ms take about
 # the time of 3 of 100 and pair neighbours closer in time). DEV_AB_BASE_CASES (default none) and
 # DEV_AB_BASE_SAN=1: the checkout itself through the suites and the sanitizers (an uncommitted change under test).
+# DEV_AB_DIR=fwd: forward patches instead: the sm90 forward suites and sanitizer cases, bench_fwd.py in two orders
+# (it has no rounds) with DEV_AB_HDIMS / DEV_AB_SEQLENS as above.
 set -uo pipefail
 OUT=$1; shift
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -34,12 +36,18 @@ DEV_PYTHON=OFF DEV_BWD_SANITIZE=${DEV_AB_BASE_SAN:-0} DEV_GTEST_S=${DEV_GTEST_S:
 cp "$(lib)" "$W/base.so" || exit 1
 libs=("$W/base.so:base")
 san=${DEV_AB_SAN:-$([[ $# == 1 ]] && echo 1 || echo 0)}
+if [[ ${DEV_AB_DIR:-bwd} == fwd ]]; then
+  bench=bench_fwd.py default_cases='Sm90*/Forward.*:Sm90TileCounter.*:Paged*:-*fp16*'
+  export DEV_SAN_FILTER=${DEV_SAN_FILTER:-'Sanitizer/Forward.*sm90*:Sm90TileCounter.*'}
+else
+  bench=bench_bwd.py default_cases='Sm90*/Backward.*:-*fp16*'
+fi
 for patch in "$@"; do
   tag=$(basename "$patch" .patch)
   (cd "$REPO" && git apply --numstat "$patch" | cut -f3) >>"$W/patched"
   (cd "$REPO" && git apply --whitespace=nowarn "$patch") || { echo "$tag: does not apply"; continue; }
   echo "== $tag"
-  cases=${DEV_AB_CASES:-Sm90*/Backward.*:-*fp16*}
+  cases=${DEV_AB_CASES:-$default_cases}
   [[ $tag == diag_* ]] && cases=none  # a diagnostic (wrong results by design): timed, not tested
   DEV_PYTHON=OFF DEV_BWD_SANITIZE=$san DEV_GTEST_S=${DEV_GTEST_S:-150} DEV_SAN_S=${DEV_SAN_S:-80} \
     bash "$REPO/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/$tag" "$cases" &&
@@ -52,7 +60,7 @@ cd "$REPO/bench/gpu/dev" || exit 1
 # lines (nvidia-smi's timestamps are the machine's local time).
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 100 >"$OUT/clocks.csv" 2>&1 &
 clock_log=$!
-if [[ -n ${DEV_AB_ROUNDS:-} ]]; then
+if [[ -n ${DEV_AB_ROUNDS:-} && $bench == bench_bwd.py ]]; then
   timeout 400 python3 bench_bwd.py "${libs[@]}" --rounds "$DEV_AB_ROUNDS" --rep "${DEV_AB_REP:-100}" \
     --hdims "${DEV_AB_HDIMS:-64,128}" ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_rounds.tsv" 2>&1
   echo "bench_bwd rounds $DEV_AB_ROUNDS rc $?"; grep -E "^# (rounds|paired)" "$OUT/ab_rounds.tsv"
@@ -60,9 +68,9 @@ if [[ -n ${DEV_AB_ROUNDS:-} ]]; then
 else
   for order in fwd rev; do
     if [[ $order == fwd ]]; then set -- "${libs[@]}"; else set -- "${rev[@]}"; fi
-    timeout 200 python3 bench_bwd.py "$@" --hdims "${DEV_AB_HDIMS:-64,128}" \
+    timeout 200 python3 $bench "$@" --hdims "${DEV_AB_HDIMS:-64,128}" \
       ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_$order.tsv" 2>&1
-    echo "bench_bwd order $order rc $?"
+    echo "$bench order $order rc $?"
   done
   tables=("$OUT/ab_fwd.tsv" "$OUT/ab_rev.tsv")
 fi

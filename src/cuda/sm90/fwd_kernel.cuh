@@ -80,10 +80,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   Pipeline pipe_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
   __syncthreads();  // every mbarrier is initialised before anyone waits on it
 
-  const TileScheduler sched{kp.num_m_blocks, kPackGQA ? p.heads_q / p.group : p.heads_q,
-                            p.batch,         p.num_splits,
-                            p.has_window,    kp.section_heads,
-                            kp.tile_counter};
+  const TileScheduler& sched = kp.sched;
 
   if (warp_group == 0) {
     // Producer warpgroup: gives its registers to the consumers; one warp issues the loads, and with paged rows or row

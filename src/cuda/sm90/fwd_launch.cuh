@@ -89,8 +89,10 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, TileCounter c
   kp.shape_k = mK.shape();
   kp.shape_o = mO.shape();
   if (p.paged_rows) kp.page_size_div = cutlass::FastDivmod(p.page_size);
-  kp.num_m_blocks = int(plan.m_blocks);
-  kp.section_heads = plan.section_heads;
+  // Packed tiles have one KV head each (their head is the KV head): group 1 for TileScheduler::kv_head.
+  constexpr bool kPackGQA = Opts::kPackGQA;
+  kp.sched = TileScheduler::make(int(plan.m_blocks), kPackGQA ? heads_kv : p.heads_q, p.batch, p.num_splits,
+                                 p.has_window, plan.section_heads, kPackGQA ? 1 : p.group, nullptr);
 
   auto kernel = &fwd_kernel<Traits, Opts>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
@@ -109,7 +111,7 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, TileCounter c
     if (counter.ptr == nullptr) return cudaErrorInvalidValue;  // the plan's workspace was not provided
     if (!counter.zeroed)
       if (cudaError_t e = cudaMemsetAsync(counter.ptr, 0, sizeof(int), stream); e != cudaSuccess) return e;
-    kp.tile_counter = counter.ptr;
+    kp.sched.counter = counter.ptr;
   }
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
   return cudaGetLastError();

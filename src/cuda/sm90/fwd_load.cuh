@@ -94,7 +94,7 @@ struct FwdLoad {
     if (tile.empty()) return;
     const TileScheduler::Tile& t = tile.t;
     const int b = p.cu_seqlens_q != nullptr ? 0 : t.batch;
-    const int kv_head = kPackGQA ? t.head : t.head / p.group;
+    const int kv_head = sched.kv_head(t.head);
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
 
@@ -273,7 +273,7 @@ struct FwdLoad {
       if (lane_here() == 0) ss.follow_ack.arrive();
       if (idx >= sched.count()) break;
       const Tile tile(p, sched.tile(idx));
-      const int kv_head = kPackGQA ? tile.t.head : tile.t.head / p.group;
+      const int kv_head = sched.kv_head(tile.t.head);
       auto load_k = [&](int n) {
         if constexpr (kRows)
           load_rows<false>(sK, tile, kv_head, n, pipe_k, k_write);

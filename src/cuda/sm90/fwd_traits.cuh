@@ -14,6 +14,8 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/sm90/tile_scheduler.cuh"
+
 #include "cuda/common/fwd_policies.cuh"
 #include "cuda/sm90/gemm.cuh"
 #include "cuda/sm90/mechanisms.hpp"
@@ -294,9 +296,9 @@ struct KernelParams {
   typename Traits::TmaPage tma_k_page, tma_v_page;  // paged K/V in row boxes (built for those calls only)
   typename Traits::GmemShape shape_q, shape_k, shape_v, shape_o;
   cutlass::FastDivmod page_size_div;  // paged rows (FwdLoad::load_rows): key -> (page, slot)
-  int num_m_blocks = 0;
-  int section_heads = 1;        // TileScheduler
-  int* tile_counter = nullptr;  // dynamic scheduling (zeroed before the launch); null: static
+  // Which tile each CTA takes, built by the launch (its divisors on the host); its counter: dynamic scheduling
+  // (zeroed before the launch), null: static.
+  TileScheduler sched;
 };
 
 // ------------------------------------------------------------------------------------------- helpers

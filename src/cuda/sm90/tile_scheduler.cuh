@@ -1,7 +1,10 @@
 // The sm90 forward's tile scheduler: which (query block, head, batch) tile a persistent CTA works on next.
 #pragma once
 
+#include <algorithm>
+
 #include <cute/config.hpp>
+#include <cutlass/fast_math.h>
 
 namespace flashattn::cuda::sm90 {
 
@@ -16,6 +19,11 @@ namespace flashattn::cuda::sm90 {
 // another head). Split-KV multiplies every tile into `splits` tiles of consecutive indices (the split fastest),
 // each taking a share of its key blocks (FwdTile). The plan (plan.cpp) decides the schedule, the grid, the sections
 // and the splits; `counter` (zero at the launch, and left at zero: next()) is null for the static schedule.
+// tile() divides by run-time counts (splits, query blocks, heads, section sizes) with divisors built on the host
+// (cutlass::FastDivmod: a multiply-high and a shift each). Divided in the kernel, each was an I2F / MUFU.RCP / F2I
+// chain of about 20 dependent instructions, and the producer warp, issuing between eight consumer warps, took about
+// 0.5 key blocks' time to build the next tile before it could issue its Q load (fwd_trace.patch's tile_build,
+// bench/results/2026-12-06_h100_session40/README.md, run 2); the consumers build every tile too.
 struct TileScheduler {
   struct Tile {
     int m_block, head, batch, split;
@@ -24,26 +32,59 @@ struct TileScheduler {
   bool longest_first;
   int section_heads;
   int* counter;
+  int tiles;  // num_m_blocks * heads * batch * splits
+  // Dividing by splits, num_m_blocks, heads, a full section's tiles (section_heads * num_m_blocks), a full section's
+  // (batch, head) pairs and the last section's; the GQA group (query heads per KV head; 1 for packed tiles).
+  cutlass::FastDivmod div_splits, div_m_blocks, div_heads, div_section, div_section_hb, div_last_hb, div_group;
 
-  __device__ int count() const { return num_m_blocks * heads * batch * splits; }
-  __device__ Tile tile(int idx) const {
-    const int split = idx % splits;
-    idx /= splits;
-    int m, hb;
+  // On the host (FastDivmod's constructor divides). Counts of zero are taken as one for the divisors: such a launch
+  // has no tiles, and tile() is never called.
+  static TileScheduler make(int num_m_blocks, int heads, int batch, int splits, bool longest_first, int section_heads,
+                            int group, int* counter) {
+    const auto div = [](int n) { return cutlass::FastDivmod(std::max(n, 1)); };
+    const int hb_count = heads * batch, last_hb = section_heads > 0 ? hb_count % section_heads : 0;
+    return {num_m_blocks,
+            heads,
+            batch,
+            splits,
+            longest_first,
+            section_heads,
+            counter,
+            num_m_blocks * heads * batch * splits,
+            div(splits),
+            div(num_m_blocks),
+            div(heads),
+            div(section_heads * num_m_blocks),
+            div(section_heads),
+            div(last_hb > 0 ? last_hb : section_heads),
+            div(group)};
+  }
+
+  CUTE_HOST_DEVICE int count() const { return tiles; }
+  // On the host too: tests/gpu/tile_scheduler_test.cu checks it against plain division.
+  CUTE_HOST_DEVICE Tile tile(int idx) const {
+    int split, m, hb;
+    div_splits(idx, split, idx);
     if (longest_first) {
       const int hb_count = heads * batch;
-      const int section = idx / (section_heads * num_m_blocks);
+      const int section = div_section.div(idx);
       const int first_hb = section * section_heads;
-      const int section_hb = min(section_heads, hb_count - first_hb);
       const int r = idx - first_hb * num_m_blocks;
-      m = num_m_blocks - 1 - r / section_hb;
-      hb = first_hb + r % section_hb;
+      // The last section holds min(section_heads, hb_count - first_hb) pairs: fewer when hb_count is no multiple.
+      const cutlass::FastDivmod& per = first_hb + section_heads <= hb_count ? div_section_hb : div_last_hb;
+      int q, rem;
+      per(q, rem, r);
+      m = num_m_blocks - 1 - q;
+      hb = first_hb + rem;
     } else {
-      m = idx % num_m_blocks;
-      hb = idx / num_m_blocks;
+      div_m_blocks(hb, m, idx);
     }
-    return {m, hb % heads, hb / heads, split};
+    int head, b;
+    div_heads(b, head, hb);
+    return {m, head, b, split};
   }
+  // The KV head of query head `head` (a tile's head when packed: the plan builds div_group of 1 then).
+  CUTE_HOST_DEVICE int kv_head(int head) const { return div_group.div(head); }
   // The tile after `current`, asked for by one full warp; `leader` is the lane that claims it from the counter.
   // A launch makes exactly count() claims over all its CTAs: each CTA one per tile it takes, the last of which finds
   // no tile. So the claim that draws count() - 1 is the launch's last, and it returns the counter to zero: the next
