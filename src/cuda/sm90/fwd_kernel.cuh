@@ -32,7 +32,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   using Mainloop = FwdMainloop<Traits, Opts>;
   using Epilogue = FwdEpilogue<Traits, Opts>;
   using Tile = FwdTile<Traits, Opts>;
-  constexpr bool kPackGQA = Opts::kPackGQA;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
