@@ -71,6 +71,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 mkdir -p "$OUTDIR"; OUTDIR=$(cd "$OUTDIR" && pwd)
 WORK=$(mktemp -d /tmp/flashattn-harness.XXXXXX)
 MODE=$([[ $QUICK == 1 ]] && echo quick || echo full)
+[[ -n $TRAINING ]] && MODE="training $TRAINING"  # the report's header: a bars-only run, not a full record
 QFLAG=$([[ $QUICK == 1 ]] && echo --quick || true)
 PY=$(command -v python3)
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
