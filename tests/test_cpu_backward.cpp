@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attention_case.hpp"
+#include "cpu/tiles.hpp"
 
 namespace flashattn::testing {
 namespace {
@@ -244,6 +245,33 @@ TEST(CpuBackward, StreamedQueryTilesKeyGroups) {
     if (variant == 2) c.wl = 70, c.wr = 20, c.top_left = true;
     expect_backward_matches(c);
   }
+}
+
+// Causal problems over cpu::kWideMaskedKeys keys or more take the unmasked problems' 256-key bf16 tiles (tiles.hpp,
+// builds with bf16 dot products; 64-key tiles elsewhere, where this checks the usual path): masked tiles of 256 keys,
+// diagonal blocks that end inside a tile, the key length's partial tile. Bottom-right alignment (rows see 8.1k-8.2k
+// keys) and top-left (rows see 1-100, so most tiles are past the diagonal).
+TEST(CpuBackward, LongCausalWideKeyTiles) {
+  for (const bool top_left : {false, true}) {
+    Case c = with_lengths(100, cpu::kWideMaskedKeys + 37);
+    c.dtype = FA_BFLOAT16;
+    c.d = 64;
+    c.causal = true;
+    c.top_left = top_left;
+    c.threads = 2;
+    expect_backward_matches(c);
+  }
+  detail::Problem p;
+  p.head_dim = 128;
+  p.window_right = 0;
+  p.seqlen_k = cpu::kWideMaskedKeys;
+  EXPECT_EQ(cpu::cpu_tiles(p, true).block_k, 256);
+  p.seqlen_k = cpu::kWideMaskedKeys - 1;
+  EXPECT_EQ(cpu::cpu_tiles(p, true).block_k, 128);
+  p.window_left = 4096;  // a left window: rows see at most 4097 keys however long the sequence
+  p.seqlen_k = 4 * cpu::kWideMaskedKeys;
+  EXPECT_EQ(cpu::cpu_tiles(p, true).block_k, 128);
+  EXPECT_EQ(cpu::cpu_tiles(p, false).block_k, 64);
 }
 
 TEST(CpuBackward, FullyMaskedRowsHaveZeroGradient) {

@@ -174,13 +174,13 @@ detail::Error backward(const detail::Problem& p, const fa_exec& e) {
   return kernels().backward(p, e.num_threads);
 }
 detail::TileShape tile_shape(const detail::Problem& p) {
-  const CpuTiles t = cpu_tiles(p.head_dim, p.dtype == FA_BFLOAT16 && kernels().bf16_dot, p.has_window());
+  const CpuTiles t = cpu_tiles(p, p.dtype == FA_BFLOAT16 && kernels().bf16_dot);
   return {t.block_q, t.block_k};
 }
 // Both directions walk the same tiles (tiles.hpp); the scratch is host memory, not a device workspace.
 detail::Error plan(const detail::Problem& p, const fa_exec&, detail::Direction, detail::PlanInfo* out) {
   if (detail::Error err = check_lengths(p); !err.ok()) return err;
-  const CpuTiles t = cpu_tiles(p.head_dim, p.dtype == FA_BFLOAT16 && kernels().bf16_dot, p.has_window());
+  const CpuTiles t = cpu_tiles(p, p.dtype == FA_BFLOAT16 && kernels().bf16_dot);
   *out = detail::PlanInfo{};
   out->kernels = "cpu";
   out->block_q = t.block_q;

@@ -47,7 +47,7 @@ struct Dims {
 };
 
 Dims dims_of(const Problem& p, bool bf16_dot = false) {
-  CpuTiles t = cpu_tiles(p.head_dim, bf16_dot, p.has_window());
+  CpuTiles t = cpu_tiles(p, bf16_dot);
   return {int(p.head_dim),
           int(p.head_dim_v),
           round_up(int(p.head_dim), kVecFloats),

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/problem.hpp"
+
 namespace flashattn::cpu {
 
 struct CpuTiles {
@@ -17,9 +19,18 @@ struct CpuTiles {
 // round trip of their fp32 C tiles. 128 keys against 64 (2 threads on an AMX Xeon, 2k tokens): forward d64 +3%, d128
 // 0 to -3%, d256 +8-15%; backward +8-22%. 256 keys against 128 (d128, 1k/4k): without a mask forward +6%, backward
 // +15%; under a causal mask the wider tiles carry more masked keys (1k: forward -5%, backward -8%), so masked
-// problems keep 128 (bench/results/2026-12-02_cpu_xeon_amx_session16.md).
-constexpr CpuTiles cpu_tiles(int64_t /*head_dim*/, bool bf16_dot = false, bool windowed = false) {
-  return {64, !bf16_dot ? 64 : windowed ? 128 : 256};
+// problems keep 128 (bench/results/2026-12-02_cpu_xeon_amx_session16.md) unless their rows see many keys: a causal
+// mask without a left window over kWideMaskedKeys keys or more (rows see half of them on average, and a 256-key tile
+// carries at most 192 masked keys past a 64-row block's diagonal). There 256 keys: backward +3 % at 8k, +9 % at 16k,
+// forward even (d128, 2 threads, AVX512-BF16; bench/results/2026-12-06_cpu_zen5_session40.md; not yet on AMX).
+constexpr int64_t kWideMaskedKeys = 8192;
+constexpr CpuTiles cpu_tiles(int64_t /*head_dim*/, bool bf16_dot = false, bool windowed = false,
+                             bool long_causal = false) {
+  return {64, !bf16_dot ? 64 : windowed && !long_causal ? 128 : 256};
+}
+// A problem's tiles (bf16_dot: bf16 inputs on a build with bf16 dot products).
+inline CpuTiles cpu_tiles(const detail::Problem& p, bool bf16_dot) {
+  return cpu_tiles(p.head_dim, bf16_dot, p.has_window(), p.window_left < 0 && p.seqlen_k >= kWideMaskedKeys);
 }
 
 // Scratch accounting: every allocation the CPU backend makes goes through these, so tests can check that
