@@ -14,11 +14,10 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "cuda/sm90/tile_scheduler.cuh"
-
 #include "cuda/common/fwd_policies.cuh"
 #include "cuda/sm90/gemm.cuh"
 #include "cuda/sm90/mechanisms.hpp"
+#include "cuda/sm90/tile_scheduler.cuh"
 #include "cuda/sm90/tiles.hpp"
 
 namespace flashattn::cuda::sm90 {

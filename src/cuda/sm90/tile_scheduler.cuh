@@ -83,7 +83,7 @@ struct TileScheduler {
     div_heads(b, head, hb);
     return {m, head, b, split};
   }
-  // The KV head of query head `head` (a tile's head when packed: the plan builds div_group of 1 then).
+  // The KV head of query head `head` (a tile's head when packed: the launch builds div_group of 1 then).
   CUTE_HOST_DEVICE int kv_head(int head) const { return div_group.div(head); }
   // The tile after `current`, asked for by one full warp; `leader` is the lane that claims it from the counter.
   // A launch makes exactly count() claims over all its CTAs: each CTA one per tile it takes, the last of which finds
