@@ -23,14 +23,11 @@ struct CpuTiles {
 // mask without a left window over kWideMaskedKeys keys or more (rows see half of them on average, and a 256-key tile
 // carries at most 192 masked keys past a 64-row block's diagonal). There 256 keys: backward +3 % at 8k, +9 % at 16k,
 // forward even (d128, 2 threads, AVX512-BF16; bench/results/2026-12-06_cpu_zen5_session40.md; not yet on AMX).
+// bf16_dot: bf16 inputs on a build with bf16 dot products.
 constexpr int64_t kWideMaskedKeys = 8192;
-constexpr CpuTiles cpu_tiles(int64_t /*head_dim*/, bool bf16_dot = false, bool windowed = false,
-                             bool long_causal = false) {
-  return {64, !bf16_dot ? 64 : windowed && !long_causal ? 128 : 256};
-}
-// A problem's tiles (bf16_dot: bf16 inputs on a build with bf16 dot products).
 inline CpuTiles cpu_tiles(const detail::Problem& p, bool bf16_dot) {
-  return cpu_tiles(p.head_dim, bf16_dot, p.has_window(), p.window_left < 0 && p.seqlen_k >= kWideMaskedKeys);
+  const bool long_causal = p.window_left < 0 && p.seqlen_k >= kWideMaskedKeys;
+  return {64, !bf16_dot ? 64 : p.has_window() && !long_causal ? 128 : 256};
 }
 
 // Scratch accounting: every allocation the CPU backend makes goes through these, so tests can check that

@@ -28,7 +28,8 @@ struct TileScheduler {
   struct Tile {
     int m_block, head, batch, split;
   };
-  int num_m_blocks, heads, batch, splits;
+  int num_m_blocks;
+  int pairs;  // (batch, head) pairs: heads * batch
   bool longest_first;
   int section_heads;
   int* counter;
@@ -42,15 +43,13 @@ struct TileScheduler {
   static TileScheduler make(int num_m_blocks, int heads, int batch, int splits, bool longest_first, int section_heads,
                             int group, int* counter) {
     const auto div = [](int n) { return cutlass::FastDivmod(std::max(n, 1)); };
-    const int hb_count = heads * batch, last_hb = section_heads > 0 ? hb_count % section_heads : 0;
+    const int pairs = heads * batch, last_hb = section_heads > 0 ? pairs % section_heads : 0;
     return {num_m_blocks,
-            heads,
-            batch,
-            splits,
+            pairs,
             longest_first,
             section_heads,
             counter,
-            num_m_blocks * heads * batch * splits,
+            num_m_blocks * pairs * splits,
             div(splits),
             div(num_m_blocks),
             div(heads),
@@ -66,12 +65,11 @@ struct TileScheduler {
     int split, m, hb;
     div_splits(idx, split, idx);
     if (longest_first) {
-      const int hb_count = heads * batch;
       const int section = div_section.div(idx);
       const int first_hb = section * section_heads;
       const int r = idx - first_hb * num_m_blocks;
-      // The last section holds min(section_heads, hb_count - first_hb) pairs: fewer when hb_count is no multiple.
-      const cutlass::FastDivmod& per = first_hb + section_heads <= hb_count ? div_section_hb : div_last_hb;
+      // The last section holds min(section_heads, pairs - first_hb) pairs: fewer when pairs is no multiple.
+      const cutlass::FastDivmod& per = first_hb + section_heads <= pairs ? div_section_hb : div_last_hb;
       int q, rem;
       per(q, rem, r);
       m = num_m_blocks - 1 - q;
