@@ -7,6 +7,7 @@
 # CPU_SEQLENS_2T and CPU_ARGS_2T: the 2-thread table's, default the same. 16k rows take minutes at 2 threads.)
 set -uo pipefail
 OUT=$1
+mkdir -p "$OUT"
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 B=/tmp/cpu-table-build
 t0=$(date +%s)
