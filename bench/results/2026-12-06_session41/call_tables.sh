@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Session 41 (#19): the CPU backend beside torch's CPU SDPA on this GPU machine's host, the whole table in one
-# call: 16 threads at 1k/4k (median of 3) and 16k (1 timed repeat), 2 threads likewise. Each part writes its own table.
+# call: 16 threads at 1k/4k (median of 3) and 16k (1 timed repeat), 2 threads likewise (about 10 minutes: over a
+# call's limit with the 2-thread 16k rows, which then come back as far as they got). A call returns at most 8 files
+# (device README, Limits): every part appends its table to tables.md and its log to parts.log, so that the build
+# log, host.txt, those two and the running part's current.md / current.log (its rows so far, if the call ends in it)
+# are all that come back (run 3 wrote a file pair per part and lost the 9th and 10th).
 #   bash bench/results/2026-12-06_session41/call_tables.sh $OUT
 set -uo pipefail
 OUT=$1
@@ -18,8 +22,11 @@ grep -o 'amx_bf16' /proc/cpuinfo | head -1 >>"$OUT/host.txt"
 part() {  # name threads seqlens reps
   local t1; t1=$(date +%s)
   python3 "$REPO/bench/cpu/compare_torch_cpu.py" --cli "$B/flashattn" --threads "$2" --seqlens "$3" --reps "$4" \
-    --out "$OUT/$1.md" >"$OUT/$1.log" 2>&1
-  echo "$1 rc $? $(( $(date +%s) - t1 )) s"; grep "^| [fb]" "$OUT/$1.md"
+    --out "$OUT/current.md" >"$OUT/current.log" 2>&1
+  local rc=$?
+  { echo "## $1 (rc $rc, $(( $(date +%s) - t1 )) s)"; sed -n '3,$p' "$OUT/current.md"; echo; } >>"$OUT/tables.md"
+  { echo "== $1"; cat "$OUT/current.log"; } >>"$OUT/parts.log"
+  echo "$1 rc $rc"; grep "^| [fb]" "$OUT/current.md"
 }
 part t16_1k4k 16 1024,4096 3
 part t16_16k 16 16384 1
