@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/problem.hpp"
@@ -74,18 +75,63 @@ void load_tile(const Problem& p, const void* base, const RowLayout& l, int64_t b
   }
 }
 
-// Same, transposed: dst[c][r], ld = the padded row count.
+// Eight float lanes (any build: GCC lowers the shuffles below to the instruction set's own).
+typedef float v8f __attribute__((vector_size(32)));
+
+// Rows r[0..7] become columns in place: r[k][i] = old r[i][k] (unpack pairs, then pairs of pairs, then halves).
+inline void transpose8(v8f (&r)[8]) {
+  v8f t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      u[i + 2 * j] = __builtin_shufflevector(t[i + j], t[i + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 2 * j + 1] = __builtin_shufflevector(t[i + j], t[i + j + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = __builtin_shufflevector(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[k + 4] = __builtin_shufflevector(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
+// Same, transposed: dst[c][r], ld = the padded row count. In 8 x 8 blocks transposed in registers, each stored as
+// eight 32-byte pieces of the destination's rows: element by element (a strided store each) it took 5 % of an fp32
+// 1k fwd+bwd (perf, 2 threads, bench/results/2026-12-06_session41/README.md). Head dims are multiples of 8
+// (validate.cpp) and so are the tiles' row counts; anything else takes the element-wise loop.
 template <fa_dtype T>
 void load_tile_t(const Problem& p, const void* base, const RowLayout& l, int64_t b, int64_t h, int64_t r0, int rows,
                  int valid, int dim, int dim_pad, int ld, float* dst) {
   using S = Storage<T>;
   const auto* src = static_cast<const typename S::type*>(base);
-  for (int r = 0; r < rows; ++r) {
-    if (r < valid) {
-      const auto* s = src + p.offset(l, b, r0 + r, h);
-      for (int c = 0; c < dim; ++c) dst[int64_t(c) * ld + r] = S::load(s[c]);
-    } else {
-      for (int c = 0; c < dim; ++c) dst[int64_t(c) * ld + r] = 0.f;
+  if (rows % 8 == 0 && dim % 8 == 0) {
+    for (int rb = 0; rb < rows; rb += 8) {
+      const typename S::type* row[8];
+      for (int i = 0; i < 8; ++i) row[i] = rb + i < valid ? src + p.offset(l, b, r0 + rb + i, h) : nullptr;
+      for (int c0 = 0; c0 < dim; c0 += 8) {
+        v8f m[8];
+        for (int i = 0; i < 8; ++i) {
+          if (row[i] == nullptr) {
+            m[i] = v8f{};
+          } else if constexpr (T == FA_FLOAT32) {
+            std::memcpy(&m[i], row[i] + c0, sizeof(v8f));
+          } else {
+            for (int k = 0; k < 8; ++k) m[i][k] = S::load(row[i][c0 + k]);
+          }
+        }
+        transpose8(m);
+        for (int k = 0; k < 8; ++k) std::memcpy(dst + int64_t(c0 + k) * ld + rb, &m[k], sizeof(v8f));
+      }
+    }
+  } else {
+    for (int r = 0; r < rows; ++r) {
+      if (r < valid) {
+        const auto* s = src + p.offset(l, b, r0 + r, h);
+        for (int c = 0; c < dim; ++c) dst[int64_t(c) * ld + r] = S::load(s[c]);
+      } else {
+        for (int c = 0; c < dim; ++c) dst[int64_t(c) * ld + r] = 0.f;
+      }
     }
   }
   for (int c = dim; c < dim_pad; ++c) std::fill(dst + int64_t(c) * ld, dst + int64_t(c) * ld + rows, 0.f);
