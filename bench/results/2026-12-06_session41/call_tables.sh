@@ -13,13 +13,10 @@ OUT=$1
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-B=/tmp/cpu-table-build
 t0=$(date +%s)
-cmake -S "$REPO" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=OFF -DFLASHATTN_TESTS=OFF \
-  -DFLASHATTN_PYTHON=OFF >"$OUT/build.log" 2>&1 && cmake --build "$B" -j "$(nproc)" >>"$OUT/build.log" 2>&1 ||
-  { tail -20 "$OUT/build.log"; exit 1; }
-echo "build $(( $(date +%s) - t0 )) s"
-lscpu | grep -E "Model name|^CPU\(s\)|Thread|MHz|amx" | sed 's/^Flags:.*/(flags list amx)/' >"$OUT/host.txt"
+# device_table.sh with neither table: its CPU-only Release build (into /tmp/cpu-table-build) and host.txt.
+CPU_RUNS=0 CPU_TWO=0 bash "$REPO/bench/cpu/device_table.sh" "$OUT" || exit 1
+B=/tmp/cpu-table-build
 grep -o 'amx_bf16' /proc/cpuinfo | head -1 >>"$OUT/host.txt"
 part() {  # name threads seqlens reps
   local t1; t1=$(date +%s)
