@@ -1,6 +1,8 @@
 // The CPU backend: picks the kernels build for this processor's vector width and reports tile shapes.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -197,6 +199,80 @@ void note_alloc(std::size_t bytes) {
   }
 }
 void note_free(std::size_t bytes) { g_current.fetch_sub(bytes); }
+
+namespace {
+
+// The kept blocks, oldest first. Never destroyed: threads may still return blocks during static destruction.
+struct ScratchCache {
+  std::mutex mutex;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  std::size_t bytes = 0;
+};
+ScratchCache& scratch_cache() {
+  static ScratchCache* cache = new ScratchCache;
+  return *cache;
+}
+
+}  // namespace
+
+std::size_t scratch_cache_limit() {
+  static const std::size_t limit = [] {
+    const char* env = std::getenv("FLASHATTN_CPU_SCRATCH_CACHE_MB");
+    char* end = nullptr;
+    const long long mb = env != nullptr && *env != '\0' ? std::strtoll(env, &end, 10) : 128;
+    return end != nullptr && (*end != '\0' || mb < 0) ? std::size_t(128) << 20 : std::size_t(mb) << 20;
+  }();
+  return limit;
+}
+
+std::size_t scratch_cached_bytes() {
+  ScratchCache& c = scratch_cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.bytes;
+}
+
+void* scratch_take(std::size_t* bytes) {
+  if (*bytes >= kScratchCacheMin) {
+    ScratchCache& c = scratch_cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    // The smallest kept block that holds the request and wastes at most a quarter of itself.
+    auto best = c.blocks.end();
+    for (auto it = c.blocks.begin(); it != c.blocks.end(); ++it)
+      if (it->second >= *bytes && it->second - it->second / 4 <= *bytes &&
+          (best == c.blocks.end() || it->second < best->second))
+        best = it;
+    if (best != c.blocks.end()) {
+      void* block = best->first;
+      *bytes = best->second;
+      c.bytes -= best->second;
+      c.blocks.erase(best);
+      return block;
+    }
+  }
+  return std::aligned_alloc(64, *bytes);
+}
+
+void scratch_give(void* block, std::size_t bytes) {
+  const std::size_t limit = scratch_cache_limit();
+  if (bytes < kScratchCacheMin || bytes > limit) {
+    std::free(block);
+    return;
+  }
+  std::vector<void*> evicted;
+  {
+    ScratchCache& c = scratch_cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    std::size_t drop = 0;  // oldest blocks out until this one fits
+    while (c.bytes + bytes > limit) {
+      c.bytes -= c.blocks[drop].second;
+      evicted.push_back(c.blocks[drop++].first);
+    }
+    c.blocks.erase(c.blocks.begin(), c.blocks.begin() + std::ptrdiff_t(drop));
+    c.blocks.emplace_back(block, bytes);
+    c.bytes += bytes;
+  }
+  for (void* e : evicted) std::free(e);
+}
 std::size_t peak_scratch_bytes() { return g_peak.load(); }
 void reset_peak_scratch_bytes() { g_peak.store(g_current.load()); }
 

@@ -1,7 +1,6 @@
 // Aligned fp32 buffers for the CPU backend, counted by the scratch accounting in tiles.hpp.
 #pragma once
 
-#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -23,7 +22,7 @@ class FloatBuffer {
     if (n == 0) return true;
     constexpr std::size_t kAlign = 64;  // one cache line, the widest vector
     bytes_ = (n * sizeof(float) + kAlign - 1) / kAlign * kAlign;
-    data_ = static_cast<float*>(std::aligned_alloc(kAlign, bytes_));
+    data_ = static_cast<float*>(scratch_take(&bytes_));
     if (data_ == nullptr) {
       bytes_ = 0;
       return false;
@@ -39,7 +38,7 @@ class FloatBuffer {
  private:
   void release() {
     if (data_) {
-      std::free(data_);
+      scratch_give(data_, bytes_);
       note_free(bytes_);
     }
     data_ = nullptr;

@@ -37,4 +37,15 @@ void note_free(std::size_t bytes);
 std::size_t peak_scratch_bytes();
 void reset_peak_scratch_bytes();
 
+// Scratch blocks of 64-byte alignment. Blocks of kScratchCacheMin bytes or more are kept after use, up to a total of
+// scratch_cache_limit() bytes (FLASHATTN_CPU_SCRATCH_CACHE_MB, default 128; 0 keeps none), and handed to a later call
+// asking for as much or up to a quarter less: fresh memory is faulted in page by page by its first writes, and a
+// call's accumulators (the backward's dQ/dK/dV: 24-32 MB at 1k tokens, d128, 16 heads) were fresh every call.
+// scratch_take returns the block and, in *bytes, its size (at least the request), or nullptr; scratch_give returns it.
+constexpr std::size_t kScratchCacheMin = std::size_t(1) << 20;
+void* scratch_take(std::size_t* bytes);
+void scratch_give(void* block, std::size_t bytes);
+std::size_t scratch_cache_limit();
+std::size_t scratch_cached_bytes();
+
 }  // namespace flashattn::cpu
