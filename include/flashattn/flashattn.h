@@ -53,6 +53,8 @@
  *   - Element counts and byte extents must fit in int64, batch, heads and sequence lengths below 2^31.
  *   - Empty tensors (a zero in the shape) may have any strides and a NULL data pointer.
  *   - fa_exec.num_threads above the machine's hardware thread count is clamped to it.
+ *   - The CPU backend keeps its scratch blocks of 1 MiB or more for later calls (fresh pages cost it 10 % of a short
+ *     backward), at most FLASHATTN_CPU_SCRATCH_CACHE_MB MiB in all (read once; default 128, 0 keeps none).
  *   - No function throws or aborts: a failed host allocation is FA_ERROR_BACKEND with a message.
  */
 #ifndef FLASHATTN_FLASHATTN_H
