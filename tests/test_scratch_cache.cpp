@@ -24,8 +24,13 @@ void* take(std::size_t want, std::size_t* got = nullptr) {
   return block;
 }
 
+// The tests below need room for a few blocks: FLASHATTN_CPU_SCRATCH_CACHE_MB, when set, must leave 64 MiB or more.
+#define SKIP_WITHOUT_ROOM()                                 \
+  if (cpu::scratch_cache_limit() < (std::size_t(64) << 20)) \
+  GTEST_SKIP() << "FLASHATTN_CPU_SCRATCH_CACHE_MB leaves less than 64 MiB"
+
 TEST(CpuScratchCache, LargeBlockReusedForItsSizeOnly) {
-  ASSERT_GE(cpu::scratch_cache_limit(), std::size_t(64) << 20) << "run without FLASHATTN_CPU_SCRATCH_CACHE_MB";
+  SKIP_WITHOUT_ROOM();
   const std::size_t size = (std::size_t(3) << 20) + 4096;
   std::size_t got = 0;
   void* a = take(size, &got);
@@ -56,7 +61,20 @@ TEST(CpuScratchCache, SmallBlocksNotKept) {
   EXPECT_EQ(cpu::scratch_cached_bytes(), before);
 }
 
+// Under FLASHATTN_CPU_SCRATCH_CACHE_MB=0 (the test_scratch_cache_off entry of tests/CMakeLists.txt) nothing is kept.
+TEST(CpuScratchCache, NothingKeptUnderALimitOfZero) {
+  if (cpu::scratch_cache_limit() != 0) GTEST_SKIP() << "FLASHATTN_CPU_SCRATCH_CACHE_MB is not 0";
+  void* block = take(std::size_t(4) << 20);
+  cpu::scratch_give(block, std::size_t(4) << 20);
+  EXPECT_EQ(cpu::scratch_cached_bytes(), 0u);
+  cpu::FloatBuffer buf(std::size_t(1) << 20);
+  ASSERT_NE(buf.data(), nullptr);
+  buf.reset(0);
+  EXPECT_EQ(cpu::scratch_cached_bytes(), 0u);
+}
+
 TEST(CpuScratchCache, OldestEvictedToStayUnderTheLimit) {
+  SKIP_WITHOUT_ROOM();
   const std::size_t limit = cpu::scratch_cache_limit();
   const std::size_t size = limit / 3 + 4096;  // three do not fit together
   std::vector<void*> blocks;
@@ -72,6 +90,7 @@ TEST(CpuScratchCache, OldestEvictedToStayUnderTheLimit) {
 }
 
 TEST(CpuScratchCache, FloatBufferReusesAndNeverSharesABlock) {
+  SKIP_WITHOUT_ROOM();
   {
     cpu::FloatBuffer first(std::size_t(5) << 18);  // 5 MiB of floats
     ASSERT_NE(first.data(), nullptr);

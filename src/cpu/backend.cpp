@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -200,6 +201,9 @@ void note_alloc(std::size_t bytes) {
 }
 void note_free(std::size_t bytes) { g_current.fetch_sub(bytes); }
 
+std::size_t peak_scratch_bytes() { return g_peak.load(); }
+void reset_peak_scratch_bytes() { g_peak.store(g_current.load()); }
+
 namespace {
 
 // The kept blocks, oldest first. Never destroyed: threads may still return blocks during static destruction.
@@ -219,8 +223,9 @@ std::size_t scratch_cache_limit() {
   static const std::size_t limit = [] {
     const char* env = std::getenv("FLASHATTN_CPU_SCRATCH_CACHE_MB");
     char* end = nullptr;
-    const long long mb = env != nullptr && *env != '\0' ? std::strtoll(env, &end, 10) : 128;
-    return end != nullptr && (*end != '\0' || mb < 0) ? std::size_t(128) << 20 : std::size_t(mb) << 20;
+    long long mb = env != nullptr && *env != '\0' ? std::strtoll(env, &end, 10) : 128;
+    if (end != nullptr && (*end != '\0' || mb < 0)) mb = 128;  // not a count of MiB: the default
+    return std::size_t(std::min(mb, 1LL << 30)) << 20;
   }();
   return limit;
 }
@@ -258,23 +263,21 @@ void scratch_give(void* block, std::size_t bytes) {
     std::free(block);
     return;
   }
-  std::vector<void*> evicted;
-  {
-    ScratchCache& c = scratch_cache();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    std::size_t drop = 0;  // oldest blocks out until this one fits
-    while (c.bytes + bytes > limit) {
-      c.bytes -= c.blocks[drop].second;
-      evicted.push_back(c.blocks[drop++].first);
-    }
-    c.blocks.erase(c.blocks.begin(), c.blocks.begin() + std::ptrdiff_t(drop));
+  ScratchCache& c = scratch_cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  std::size_t drop = 0;  // oldest blocks out until this one fits
+  while (c.bytes + bytes > limit) {
+    c.bytes -= c.blocks[drop].second;
+    std::free(c.blocks[drop++].first);
+  }
+  c.blocks.erase(c.blocks.begin(), c.blocks.begin() + std::ptrdiff_t(drop));
+  try {
     c.blocks.emplace_back(block, bytes);
     c.bytes += bytes;
+  } catch (const std::bad_alloc&) {  // no room to list it: not kept
+    std::free(block);
   }
-  for (void* e : evicted) std::free(e);
 }
-std::size_t peak_scratch_bytes() { return g_peak.load(); }
-void reset_peak_scratch_bytes() { g_peak.store(g_current.load()); }
 
 }  // namespace flashattn::cpu
 
