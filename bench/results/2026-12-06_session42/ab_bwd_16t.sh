@@ -3,7 +3,8 @@
 # both with bwd_knobs.patch (FLASHATTN_CPU_BWD_KG: key blocks per pass; FLASHATTN_CPU_BWD_TPT: tasks per thread;
 # unset = the code's defaults): "base" without and "pool" with pool.patch (the scratch cache: large blocks reused
 # across calls). Rounds alternate the variants.
-#   bash bench/results/2026-12-06_session42/ab_bwd_16t.sh OUT     (a tree with pool.patch: c640dc4 or later)
+#   bash bench/results/2026-12-06_session42/ab_bwd_16t.sh OUT
+# (from a tree at c640dc4 or 5c3876a: pool.patch is their cache, applied in reverse for "base")
 set -uo pipefail
 OUT=$1
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
