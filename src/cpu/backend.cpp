@@ -200,7 +200,6 @@ void note_alloc(std::size_t bytes) {
   }
 }
 void note_free(std::size_t bytes) { g_current.fetch_sub(bytes); }
-
 std::size_t peak_scratch_bytes() { return g_peak.load(); }
 void reset_peak_scratch_bytes() { g_peak.store(g_current.load()); }
 

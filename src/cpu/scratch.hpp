@@ -1,4 +1,5 @@
-// Aligned fp32 buffers for the CPU backend, counted by the scratch accounting in tiles.hpp.
+// Aligned fp32 buffers for the CPU backend, counted by the scratch accounting in tiles.hpp and, from 1 MiB, taken from
+// and returned to its scratch cache (scratch_take / scratch_give).
 #pragma once
 
 #include <cstring>
