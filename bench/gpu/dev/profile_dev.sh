@@ -2,7 +2,8 @@
 # Where the short calls' time goes, in one device call: the small build of sm90_bwd_loop.sh (ci kernels, sm90
 # d64/d128, the Python package; no tests), then each kernel's CUDA time per call (torch.profiler) beside the call's
 # time, for ours and cuDNN: the backward at short sequences (preprocess, main kernel, dQ conversion) and decode
-# (main kernel, split-KV combine), with decode also timed through cuDNN on the caches' own layout.
+# (main kernel, split-KV combine), with decode also timed through cuDNN on the caches' own layout. The backward's
+# main-kernel times are then split into a per-step and a per-CTA part (bwd_cta_fit.py).
 # usage: bench/gpu/dev/profile_dev.sh OUTDIR   (DEV_SEQLENS: the backward's lengths, default 512,1024,16384)
 # DEV_DECODE_NCU="1x65536 32x8192": also one ncu report (--set full) per decode shape of our main kernel and combine
 # and cuDNN's (decode_once.py makes each call twice and ncu reports both: the second is the warm one), with their
@@ -16,6 +17,7 @@ cd "$REPO/bench/gpu/dev" || exit 1
 PYTHONPATH=$DEV_BWD_WORK/pyroot timeout 200 python3 bwd_vs_cudnn.py --csv "$OUT/bwd_profile.csv" --profile \
   --hdims 64,128 --seqlens "${DEV_SEQLENS:-512,1024,16384}" >"$OUT/bwd_profile.log" 2>&1
 echo "bwd_vs_cudnn rc $?"; grep -E "profile" "$OUT/bwd_profile.log" | head -80
+python3 bwd_cta_fit.py "$OUT/bwd_profile.log"  # the main kernel's per-step and per-CTA times
 PYTHONPATH=$DEV_BWD_WORK/pyroot timeout 120 python3 decode_splits.py --splits 0 --profile --cudnn-bshd \
   --csv "$OUT/decode_profile.csv" >"$OUT/decode_profile.log" 2>&1
 echo "decode_splits rc $?"; cat "$OUT/decode_profile.log"

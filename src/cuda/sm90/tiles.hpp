@@ -107,8 +107,11 @@ constexpr int64_t fwd_short_seqlen(int head_dim, bool windowed, bool fp8) {
 // through a `stages`-deep pipeline of Q and dO tiles; two consumer warpgroups.
 // - Head dims up to 128 (split_head_dim false): 128 keys, each warpgroup holding its 64 keys' dK and dV
 //   (2 * 64 * head_dim / 128 fp32 accumulators per thread). Registers besides dK/dV: S^T and dP^T,
-//   2 * 64 * block_q / 128, and the dQ tile, 64 * dq_cols / 128 (FlashAttention-3 takes the same 64 x 128 at
-//   d128 and 128 x 128 at d64).
+//   2 * 64 * block_q / 128, and the dQ tile, 64 * dq_cols / 128. FlashAttention-3 and -4 take the same 128 x 128
+//   at d64 and 64 x 128 at d128 under a mask; at d128 without one they take 80 x 128 with dQ transposed, which was
+//   slower here at 1k-16k in both versions tried (H100: -1.5..-5.7 % with dS queries contiguous,
+//   bench/results/2026-12-06_h100_session36/README.md run 1; -5..-7 % with dS keys contiguous and no spills,
+//   bench/results/2026-12-06_h100_session43/README.md run 2).
 // - Above 128 (split_head_dim): 64 keys whose dK and dV the two warpgroups split by head dim (2 * 64 * d/2 / 128
 //   accumulators: 128 at d256); each computes S^T and dP^T for half of the 64 query rows, and P and dS go
 //   through shared memory to the other (bwd_mainloop_split.cuh). 128 keys would need 256 accumulators a thread.
