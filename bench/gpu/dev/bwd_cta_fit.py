@@ -22,14 +22,18 @@ import collections
 import re
 import sys
 
-# Tiles of src/cuda/sm90/tiles.hpp bwd_tiles: head dim -> (block_q, block_k).
-TILES = {64: (128, 128), 96: (64, 128), 128: (64, 128), 192: (64, 64), 256: (64, 64)}
+
+def tiles(hdim: int) -> tuple[int, int]:
+    """(block_q, block_k) of src/cuda/sm90/tiles.hpp bwd_tiles."""
+    return (128 if hdim <= 64 else 64), (128 if hdim <= 128 else 64)
+
+
 LINE = re.compile(r"# profile (?P<tag>[^:]*?): +(?P<us>[\d.]+) us .*?\s(?P<name>\S*bwd_kernel\S*)")
 
 
 def steps_and_ctas(seqlen: int, batch: int, heads: int, hdim: int, causal: bool) -> tuple[int, int]:
     """Query-block steps over all CTAs and the CTA count of one call (square, bottom-right = top-left causal)."""
-    block_q, block_k = TILES[hdim]
+    block_q, block_k = tiles(hdim)
     n_blocks = -(-seqlen // block_k)
     m_blocks = -(-seqlen // block_q)
     steps = 0
@@ -70,8 +74,11 @@ def main() -> int:
     ap.add_argument("log")
     ap.add_argument("--sms", type=int, default=132)
     a = ap.parse_args()
-    lines = sys.stdin if a.log == "-" else open(a.log)
-    data = parse(lines)
+    if a.log == "-":
+        data = parse(sys.stdin)
+    else:
+        with open(a.log) as f:
+            data = parse(f)
     if not data:
         print("no '# profile' lines of a bwd_kernel found", file=sys.stderr)
         return 1
