@@ -11,7 +11,7 @@ set -uo pipefail
 OUT=$1
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 R=/tmp/claim; rm -rf "$R"; mkdir -p "$R"
-DEV_BWD_WORK=/tmp/dev-ab44 DEV_HDIMS="128;256" DEV_AB_DIR=fwd DEV_AB_SAN=0 DEV_GTEST_S=90 \
+DEV_BWD_WORK=/tmp/dev-ab44 DEV_HDIMS="64;128;256" DEV_AB_DIR=fwd DEV_AB_SAN=0 DEV_GTEST_S=90 \
   DEV_AB_HDIMS=128,256 DEV_AB_SEQLENS="1024 4096 16384" \
   timeout 470 bash "$REPO/bench/gpu/dev/bwd_patch_ab.sh" "$R/ab" docs/journal/patches/fwd_claim_near_tile_end.patch \
   docs/journal/patches/diag_fwd_late_claim_default.patch 2>&1 | tail -40
