@@ -11,8 +11,8 @@ set -uo pipefail
 OUT=$1
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 R=/tmp/claim; rm -rf "$R"; mkdir -p "$R"
-DEV_BWD_WORK=/tmp/dev-ab44 DEV_HDIMS="64;128;256" DEV_AB_DIR=fwd DEV_AB_SAN=1 DEV_GTEST_S=90 DEV_SAN_S=60 \
-  DEV_AB_HDIMS=64,128,256 DEV_AB_SEQLENS="1024 4096 16384" \
-  timeout 500 bash "$REPO/bench/gpu/dev/bwd_patch_ab.sh" "$R/ab" \
+DEV_BWD_WORK=/tmp/dev-ab44 DEV_HDIMS="64;128;256" DEV_AB_DIR=fwd DEV_AB_SAN=1 DEV_GTEST_S=60 DEV_SAN_S=40 \
+  DEV_AB_HDIMS=128,256 DEV_AB_SEQLENS="1024 4096 16384" \
+  timeout 400 bash "$REPO/bench/gpu/dev/bwd_patch_ab.sh" "$R/ab" \
   docs/journal/patches/fwd_claim_and_small_section_first.patch 2>&1 | tail -40
 tar czf "$OUT/claim.tgz" -C /tmp claim
