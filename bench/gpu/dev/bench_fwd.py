@@ -3,7 +3,7 @@ same protocol as shared/anchors/sdpa_bench.py: triton do_bench median, bf16, bat
 model dim 2048 (heads = 2048 / hdim), FLOPs 4*B*H*S*S*D (halved when causal).
 
     python3 bench_fwd.py LIB[:TAG] [LIB2[:TAG2] ...] [seqlen ...] [--hdims 64,128,256] [--ours-only] [--tag NAME]
-                         [--backends auto,sm80,sm90]
+                         [--backends auto,sm80,sm90] [--masks none,causal]
 
 Several libraries (e.g. two builds of the forward) are timed in the same process, next to the same SDPA runs; a
 library's rows carry its TAG (one library: --tag, default "ours"). --backends times each named backend of ours
@@ -89,6 +89,11 @@ def main():
     if "--ours-only" in args:
         ours_only = True
         args.remove("--ours-only")
+    masks = (False, True)  # --masks none,causal: which of the two (a schedule change times only the causal rows)
+    if "--masks" in args:
+        i = args.index("--masks")
+        masks = tuple(m == "causal" for m in args[i + 1].split(","))
+        del args[i:i + 2]
     libs = load_libs(args, tag)
     seqlens = [int(s) for s in args] or [1024, 2048, 8192]
     print("# device", torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
@@ -97,7 +102,7 @@ def main():
     tokens = 16384
     for hdim in hdims:
         heads = 2048 // hdim
-        for causal in (False, True):
+        for causal in masks:
             for seqlen in seqlens:
                 batch = tokens // seqlen
                 shape = (batch, seqlen, heads, hdim)

@@ -14,7 +14,8 @@
 # the time of 3 of 100 and pair neighbours closer in time). DEV_AB_BASE_CASES (default none) and
 # DEV_AB_BASE_SAN=1: the checkout itself through the suites and the sanitizers (an uncommitted change under test).
 # DEV_AB_DIR=fwd: forward patches instead: the sm90 forward suites and sanitizer cases, bench_fwd.py in two orders
-# (it has no rounds) with DEV_AB_HDIMS / DEV_AB_SEQLENS as above.
+# (it has no rounds) with DEV_AB_HDIMS / DEV_AB_SEQLENS as above, and DEV_AB_MASKS (bench_fwd.py --masks, default
+# none,causal).
 set -uo pipefail
 OUT=$1; shift
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -68,7 +69,8 @@ if [[ -n ${DEV_AB_ROUNDS:-} && $bench == bench_bwd.py ]]; then
 else
   for order in fwd rev; do
     if [[ $order == fwd ]]; then set -- "${libs[@]}"; else set -- "${rev[@]}"; fi
-    timeout 200 python3 $bench "$@" --hdims "${DEV_AB_HDIMS:-64,128}" \
+    masks=(); [[ $bench == bench_fwd.py ]] && masks=(--masks "${DEV_AB_MASKS:-none,causal}")
+    timeout 200 python3 $bench "$@" --hdims "${DEV_AB_HDIMS:-64,128}" "${masks[@]}" \
       ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_$order.tsv" 2>&1
     echo "$bench order $order rc $?"
   done
