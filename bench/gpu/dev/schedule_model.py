@@ -12,7 +12,13 @@ Section orders: `last` (the smaller remainder section last, as on main) and `fir
 No L2, no memory system, no claim latency: it isolates the list's and the claims' imbalance. Measured H200 numbers
 to read it against: bench/results/2026-12-06_h200_session44/README.md.
 
+--backward: the sm90 backward's causal grid instead (one CTA per key block, head and batch, handed out greedily in
+launch order, key block fastest; a CTA costs the query blocks it walks + `overhead`), in launch order and with the
+last pairs key block major (sm90/bwd_order.hpp as in docs/journal/patches/bwd_causal_tail_key_block_major.patch)
+for tails of about one, two and four waves of CTAs.
+
     python3 schedule_model.py [--hdims 64,128,256] [--seqlens 1024,...] [--sms 132] [--l2-mib 50] [--overhead 1.5]
+                              [--backward]
 """
 import argparse
 import heapq
@@ -20,6 +26,16 @@ import math
 
 # Causal forward tiles (src/cuda/sm90/tiles.hpp, the windowed entry): query rows, keys per block.
 TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 256: (128, 80)}
+# Backward tiles (bwd_tiles in tiles.hpp): query rows per step, keys per CTA.
+BWD_TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
+
+
+def bwd_grid(seqlen, pairs, block_q, block_k, tail_pairs):
+    """CTA costs (steps) in launch order: pair-major, key block fastest; the last tail_pairs pairs key block major."""
+    nb, nq = (seqlen + block_k - 1) // block_k, (seqlen + block_q - 1) // block_q
+    steps = [nq - n * block_k // block_q for n in range(nb)]  # causal: key block n starts at its diagonal
+    head = [c for _ in range(pairs - tail_pairs) for c in steps]
+    return head + [steps[n] for n in range(nb) for _ in range(tail_pairs)]
 
 
 def tile_list(seqlen, pairs, block_q, block_k, section_heads, small_first):
@@ -85,7 +101,23 @@ def main():
     ap.add_argument("--l2-mib", type=float, default=50.0)
     ap.add_argument("--overhead", type=float, default=1.5, help="a tile's cost beyond its key blocks, in blocks")
     ap.add_argument("--ahead", type=float, default=2.0, help="near: blocks before a tile's end that it claims")
+    ap.add_argument("--backward", action="store_true", help="the backward's causal grid instead")
     a = ap.parse_args()
+    if a.backward:
+        print("hdim seqlen pairs | makespan / ideal: launch order, then key block major tails of ~1, ~2, ~4 waves")
+        for hdim in (int(x) for x in a.hdims.split(",")):
+            block_q, block_k = BWD_TILES[hdim]
+            for seqlen in (int(x) for x in a.seqlens.split(",")):
+                pairs = (a.model_dim // hdim) * (a.tokens // seqlen)
+                nb = (seqlen + block_k - 1) // block_k
+                row = []
+                for waves in (0, 1, 2, 4):
+                    tail = min(pairs, (waves * a.sms + nb - 1) // nb) if waves and nb > 1 else 0
+                    costs = bwd_grid(seqlen, pairs, block_q, block_k, tail if tail > 1 else 0)
+                    ideal = sum(x + a.overhead for x in costs) / a.sms
+                    row.append(makespan(costs, a.sms, "greedy", a.overhead, 0) / ideal)
+                print(f"{hdim:4d} {seqlen:6d} {pairs:5d} | " + " ".join(f"{r:.3f}" for r in row))
+        return
     print("hdim seqlen pairs section_heads | makespan / ideal: greedy-last start-last near-last near-first")
     for hdim in (int(x) for x in a.hdims.split(",")):
         block_q, block_k = TILES[hdim]
