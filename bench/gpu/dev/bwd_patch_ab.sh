@@ -70,7 +70,7 @@ else
   for order in fwd rev; do
     if [[ $order == fwd ]]; then set -- "${libs[@]}"; else set -- "${rev[@]}"; fi
     masks=(); [[ $bench == bench_fwd.py ]] && masks=(--masks "${DEV_AB_MASKS:-none,causal}")
-    timeout 200 python3 $bench "$@" --hdims "${DEV_AB_HDIMS:-64,128}" "${masks[@]}" \
+    timeout 200 python3 $bench "$@" --hdims "${DEV_AB_HDIMS:-64,128}" ${masks[@]+"${masks[@]}"} \
       ${DEV_AB_SEQLENS:-1024 4096 16384} >"$OUT/ab_$order.tsv" 2>&1
     echo "$bench order $order rc $?"
   done
