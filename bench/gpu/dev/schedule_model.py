@@ -24,8 +24,10 @@ import argparse
 import heapq
 import math
 
-# Causal forward tiles (src/cuda/sm90/tiles.hpp, the windowed entry): query rows, keys per block.
+# Causal forward tiles (src/cuda/sm90/tiles.hpp, the windowed entry): query rows, keys per block. d64 up to 1k takes
+# the narrow entry instead (fwd_narrow_seqlen): 64 x 64 tiles, three CTAs per SM.
 TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 256: (128, 80)}
+NARROW = (64, 64, 3)
 # Backward tiles (bwd_tiles in tiles.hpp): query rows per step, keys per CTA.
 BWD_TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
 
@@ -120,16 +122,18 @@ def main():
         return
     print("hdim seqlen pairs section_heads | makespan / ideal: greedy-last start-last near-last near-first")
     for hdim in (int(x) for x in a.hdims.split(",")):
-        block_q, block_k = TILES[hdim]
         for seqlen in (int(x) for x in a.seqlens.split(",")):
+            narrow = hdim <= 64 and seqlen <= 1024
+            block_q, block_k, per_sm = NARROW if narrow else (*TILES[hdim], 1)
+            ctas = a.sms * per_sm
             pairs = (a.model_dim // hdim) * (a.tokens // seqlen)
             kv_bytes = seqlen * 2 * hdim * 2  # K and V, 16-bit
             section = int(min(max(a.l2_mib * 2**20 / 2 // kv_bytes, 1), pairs))
             row = []
             for policy, small_first in (("greedy", False), ("start", False), ("near", False), ("near", True)):
                 costs = tile_list(seqlen, pairs, block_q, block_k, section, small_first)
-                ideal = sum(x + a.overhead for x in costs) / a.sms
-                row.append(makespan(costs, a.sms, policy, a.overhead, a.ahead) / ideal)
+                ideal = sum(x + a.overhead for x in costs) / ctas
+                row.append(makespan(costs, ctas, policy, a.overhead, a.ahead) / ideal)
             print(f"{hdim:4d} {seqlen:6d} {pairs:5d} {section:13d} | " + " ".join(f"{r:.3f}" for r in row))
 
 
