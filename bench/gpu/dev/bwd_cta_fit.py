@@ -31,16 +31,19 @@ def tiles(hdim: int) -> tuple[int, int]:
 LINE = re.compile(r"# profile (?P<tag>[^:]*?): +(?P<us>[\d.]+) us .*?\s(?P<name>\S*bwd_kernel\S*)")
 
 
-def steps_and_ctas(seqlen: int, batch: int, heads: int, hdim: int, causal: bool) -> tuple[int, int]:
-    """Query-block steps over all CTAs and the CTA count of one call (square, bottom-right = top-left causal)."""
+def cta_steps(seqlen: int, hdim: int, causal: bool) -> list[int]:
+    """The query-block steps of each key block's CTA of one (head, batch) pair (square, bottom-right = top-left
+    causal), in launch order."""
     block_q, block_k = tiles(hdim)
-    n_blocks = -(-seqlen // block_k)
     m_blocks = -(-seqlen // block_q)
-    steps = 0
-    for n in range(n_blocks):
-        m_lo = (n * block_k) // block_q if causal else 0  # the first query block that sees key block n
-        steps += m_blocks - m_lo
-    return steps * batch * heads, n_blocks * batch * heads
+    # the first query block that sees key block n
+    return [m_blocks - ((n * block_k) // block_q if causal else 0) for n in range(-(-seqlen // block_k))]
+
+
+def steps_and_ctas(seqlen: int, batch: int, heads: int, hdim: int, causal: bool) -> tuple[int, int]:
+    """Query-block steps over all CTAs and the CTA count of one call."""
+    steps = cta_steps(seqlen, hdim, causal)
+    return sum(steps) * batch * heads, len(steps) * batch * heads
 
 
 def fit(points: list[tuple[float, float, float]]) -> tuple[float, float]:

@@ -13,9 +13,9 @@ No L2, no memory system, no claim latency: it isolates the list's and the claims
 to read it against: bench/results/2026-12-06_h200_session44/README.md.
 
 --backward: the sm90 backward's causal grid instead (one CTA per key block, head and batch, handed out greedily in
-launch order, key block fastest; a CTA costs the query blocks it walks + `overhead`), in launch order and with the
-last pairs key block major (sm90/bwd_order.hpp as in docs/journal/patches/bwd_causal_tail_key_block_major.patch)
-for tails of about one, two and four waves of CTAs.
+launch order, key block fastest; a CTA costs the query blocks it walks + `overhead`, as bwd_cta_fit.py counts them),
+in launch order and with the last pairs key block major (sm90/bwd_order.hpp as in
+docs/journal/patches/bwd_causal_tail_key_block_major.patch) for tails of about one, two and four waves of CTAs.
 
     python3 schedule_model.py [--hdims 64,128,256] [--seqlens 1024,...] [--sms 132] [--l2-mib 50] [--overhead 1.5]
                               [--backward]
@@ -24,20 +24,19 @@ import argparse
 import heapq
 import math
 
+from bwd_cta_fit import cta_steps
+
 # Causal forward tiles (src/cuda/sm90/tiles.hpp, the windowed entry): query rows, keys per block. d64 up to 1k takes
 # the narrow entry instead (fwd_narrow_seqlen): 64 x 64 tiles, three CTAs per SM.
 TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 256: (128, 80)}
 NARROW = (64, 64, 3)
-# Backward tiles (bwd_tiles in tiles.hpp): query rows per step, keys per CTA.
-BWD_TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
 
 
-def bwd_grid(seqlen, pairs, block_q, block_k, tail_pairs):
+def bwd_grid(seqlen, pairs, hdim, tail_pairs):
     """CTA costs (steps) in launch order: pair-major, key block fastest; the last tail_pairs pairs key block major."""
-    nb, nq = (seqlen + block_k - 1) // block_k, (seqlen + block_q - 1) // block_q
-    steps = [nq - n * block_k // block_q for n in range(nb)]  # causal: key block n starts at its diagonal
+    steps = cta_steps(seqlen, hdim, causal=True)  # key block n starts at its diagonal
     head = [c for _ in range(pairs - tail_pairs) for c in steps]
-    return head + [steps[n] for n in range(nb) for _ in range(tail_pairs)]
+    return head + [steps[n] for n in range(len(steps)) for _ in range(tail_pairs)]
 
 
 def tile_list(seqlen, pairs, block_q, block_k, section_heads, small_first):
@@ -108,14 +107,13 @@ def main():
     if a.backward:
         print("hdim seqlen pairs | makespan / ideal: launch order, then key block major tails of ~1, ~2, ~4 waves")
         for hdim in (int(x) for x in a.hdims.split(",")):
-            block_q, block_k = BWD_TILES[hdim]
             for seqlen in (int(x) for x in a.seqlens.split(",")):
                 pairs = (a.model_dim // hdim) * (a.tokens // seqlen)
-                nb = (seqlen + block_k - 1) // block_k
+                nb = len(cta_steps(seqlen, hdim, causal=True))
                 row = []
                 for waves in (0, 1, 2, 4):
                     tail = min(pairs, (waves * a.sms + nb - 1) // nb) if waves and nb > 1 else 0
-                    costs = bwd_grid(seqlen, pairs, block_q, block_k, tail if tail > 1 else 0)
+                    costs = bwd_grid(seqlen, pairs, hdim, tail if tail > 1 else 0)
                     ideal = sum(x + a.overhead for x in costs) / a.sms
                     row.append(makespan(costs, a.sms, "greedy", a.overhead, 0) / ideal)
                 print(f"{hdim:4d} {seqlen:6d} {pairs:5d} | " + " ".join(f"{r:.3f}" for r in row))
