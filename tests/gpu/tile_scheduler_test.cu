@@ -1,6 +1,6 @@
 // Host-side checks of the sm90 forward's tile scheduler (src/cuda/sm90/tile_scheduler.cuh): tile() divides with
 // divisors built on the host (cutlass::FastDivmod), and must give what plain division gives, for the static order and
-// the longest-first order in sections, including a last section with fewer (batch, head) pairs, and split-KV. Every
+// the longest-first order in sections, including a first section with fewer (batch, head) pairs, and split-KV. Every
 // tile index maps to a distinct (query block, head, batch, split). Compiled by nvcc, run on the host (label fast).
 #include <gtest/gtest.h>
 
@@ -22,11 +22,20 @@ TileScheduler::Tile plain_tile(int idx, int m_blocks, int heads, int batch, int 
   idx /= splits;
   int m, hb;
   if (longest_first) {
+    // Sections of section_heads (batch, head) pairs, the remainder's smaller section first.
     const int hb_count = heads * batch;
-    const int section = idx / (section_heads * m_blocks);
-    const int first_hb = section * section_heads;
-    const int section_hb = std::min(section_heads, hb_count - first_hb);
-    const int r = idx - first_hb * m_blocks;
+    const int small = hb_count % section_heads;
+    int first_hb, section_hb, r;
+    if (idx < small * m_blocks) {
+      first_hb = 0;
+      section_hb = small;
+      r = idx;
+    } else {
+      const int section = (idx - small * m_blocks) / (section_heads * m_blocks);
+      first_hb = small + section * section_heads;
+      section_hb = section_heads;
+      r = idx - first_hb * m_blocks;
+    }
     m = m_blocks - 1 - r / section_hb;
     hb = first_hb + r % section_hb;
   } else {
@@ -79,6 +88,13 @@ TEST(Sm90TileScheduler, LargeIndices) {
   for (int idx : {0, 1, s.count() / 3, s.count() / 2 + 17, s.count() - 2, s.count() - 1}) {
     const TileScheduler::Tile t = s.tile(idx);
     const TileScheduler::Tile r = plain_tile(idx, 4096, 96, 4096, 1, true, 12);
+    EXPECT_EQ(std::make_tuple(t.m_block, t.head, t.batch), std::make_tuple(r.m_block, r.head, r.batch)) << idx;
+  }
+  // 96 * 4096 pairs in sections of 7: a smaller first section of 5 pairs.
+  const TileScheduler f = TileScheduler::make(4096, 96, 4096, 1, true, 7, 8, nullptr);
+  for (int idx : {0, 1, 5 * 4096 - 1, 5 * 4096, 5 * 4096 + 1, f.count() / 2 + 17, f.count() - 1}) {
+    const TileScheduler::Tile t = f.tile(idx);
+    const TileScheduler::Tile r = plain_tile(idx, 4096, 96, 4096, 1, true, 7);
     EXPECT_EQ(std::make_tuple(t.m_block, t.head, t.batch), std::make_tuple(r.m_block, r.head, r.batch)) << idx;
   }
   const TileScheduler u = TileScheduler::make(4096, 96, 4096, 1, false, 1, 1, nullptr);

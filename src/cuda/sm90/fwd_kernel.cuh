@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     }
     if (warp != 0 && !Load::shares_blocks(p)) return;
     Load load(kp, ss, pipe_k, pipe_v, warp);
+    load.claim_requests = claim_warp;
     if (warp != 0) {
       load.follow(sched);
       return;

@@ -76,8 +76,9 @@ struct FwdLoad {
   typename Traits::SharedStorage& ss;
   Pipeline& pipe_k;
   Pipeline& pipe_v;
-  bool leader;  // the lane that issues the copies
-  int warp;     // of the producer warpgroup: 0 issues everything but the row gathers, which all four share
+  bool leader;                  // the lane that issues the copies
+  bool claim_requests = false;  // warp 0 with the claim warp (TileClaims): ask for each next claim (request_claim)
+  int warp;  // of the producer warpgroup: 0 issues everything but the row gathers, which all four share
   PipelineState k_write = cutlass::make_producer_start_state<Pipeline>();
   PipelineState v_write = cutlass::make_producer_start_state<Pipeline>();
   QRing ring;  // the Q buffers this warp has published into
@@ -91,7 +92,10 @@ struct FwdLoad {
   __device__ void load(const TileScheduler& sched, int idx) {
     const FwdParams& p = kp.p;
     const Tile tile(p, sched.tile(idx));
-    if (tile.empty()) return;
+    if (tile.empty()) {
+      request_claim();
+      return;
+    }
     const TileScheduler::Tile& t = tile.t;
     const int b = p.cu_seqlens_q != nullptr ? 0 : t.batch;
     const int kv_head = sched.kv_head(t.head);
@@ -234,17 +238,32 @@ struct FwdLoad {
       }
     }
     if (!k_first && range.hi > range.lo) load_k(range.hi - 1);
-    rest_of_blocks(range, load_k, load_v);
+    rest_of_blocks(range, load_k, load_v, [&] { request_claim(); });
+  }
+
+  // The claim warp's next claim (TileClaims), asked for once per tile this warp loads: two key blocks before the
+  // tile's last loads (at its start when it has fewer), so that the atomic's round trip runs under those loads' waits
+  // for free stages, while the claimed tile is still one the CTA takes next (claimed at a tile's start, the claim
+  // waited a whole tile: at d256 causal 16k, 1024 tiles of up to 205 key blocks on 132 CTAs, a long tile claimed
+  // behind another long one ends late).
+  __device__ void request_claim() {
+    if (claim_requests && leader) {
+      asm volatile("" ::: "memory");  // after take's read of the slot (the arrive's asm has no memory clobber)
+      ss.claim_empty.arrive();
+    }
   }
 
   // The blocks after the first K: Q.K^T of block n-1 is issued before P.V of block n (intra-warpgroup overlap), so
-  // K(n-1) before V(n). Every producer warp takes this order (follow), so that their stages line up.
-  template <class LoadK, class LoadV>
-  __device__ static void rest_of_blocks(const BlockRange& range, LoadK&& load_k, LoadV&& load_v) {
+  // K(n-1) before V(n). Every producer warp takes this order (follow), so that their stages line up. `at_end` runs
+  // exactly once: before the last K load, or before the last V load of a one-block tile, or at once without blocks.
+  template <class LoadK, class LoadV, class AtEnd>
+  __device__ static void rest_of_blocks(const BlockRange& range, LoadK&& load_k, LoadV&& load_v, AtEnd&& at_end) {
     for (int n = range.hi - 1; n > range.lo; --n) {
+      if (n == range.lo + 1) at_end();
       load_k(n - 1);
       load_v(n);
     }
+    if (range.hi - range.lo <= 1) at_end();
     if (range.hi > range.lo) load_v(range.lo);
   }
 
@@ -291,7 +310,7 @@ struct FwdLoad {
         }
       };
       if (tile.range.hi > tile.range.lo) load_k(tile.range.hi - 1);
-      rest_of_blocks(tile.range, load_k, load_v);
+      rest_of_blocks(tile.range, load_k, load_v, [] {});
     }
     if constexpr (kRows) cp_async_wait<0>();  // no copy outlives its issuing lane
   }

@@ -224,7 +224,7 @@ struct FwdTraits {
     cutlass::arch::ClusterBarrier empty_q[kQStages];  // two Q buffers: every consumer thread is done with one
     cutlass::arch::ClusterBarrier follow_ack;         // paged follower warps: each has read the last publication
     cutlass::arch::ClusterBarrier claim_full;         // the claim warp has published its next claim (TileClaims)
-    cutlass::arch::ClusterBarrier claim_empty;        // the load warp has taken it
+    cutlass::arch::ClusterBarrier claim_empty;        // the load warp asks for the next claim (request_claim)
     int claimed;                                      // that claim: the tile after the one warp 0 loads
     int tile_idx[kQStages];      // the tile whose Q load barrier_q announces (count(): no more tiles)
     uint64_t row_addr[kBlockN];  // paged rows gathered by the producer warp: each row's address (FwdLoad::load_rows)
