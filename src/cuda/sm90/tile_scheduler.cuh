@@ -20,7 +20,7 @@ namespace flashattn::cuda::sm90 {
 // longest tiles started when every CTA reached it and ran on after the rest had finished (bench/gpu/dev/
 // schedule_model.py, tile cost = key blocks + 1.5: 14-16 % above the ideal makespan at d256 causal 1k-8k, 4-8 % at
 // d128 causal 1k-16k; first, 0.1-4.5 %; bench/results/2026-12-06_h200_session44/README.md, run 4). With the claim
-// made near a tile's end (TileClaims) it measured +8-15 % at d256 causal 1k-16k, +4-5 % at d128 and +1-6 % at d64
+// made near a tile's end (TileClaims) it measured +8-14 % at d256 causal 1k-16k, +4-5 % at d128 and +2-5 % at d64
 // (H100, bench/results/2026-12-07_h100_session45/README.md, run 1). Split-KV multiplies every tile into `splits`
 // tiles of consecutive indices (the split fastest), each taking a share of its key blocks (FwdTile). The plan
 // (plan.cpp) decides the schedule, the grid, the sections and the splits; `counter` (zero at the launch, and left at
