@@ -7,10 +7,11 @@ plus `overhead` blocks (its prologue and epilogue). The list is longest first wi
 Claim timings:
   greedy  a CTA takes the next tile of the list when it finishes one (no claim latency);
   start   it claims its next tile when it starts one (the claim warp as landed in 8ca1af9: the claim waits a tile);
-  near    it claims `ahead` blocks before it finishes one (fwd_claim_and_small_section_first.patch).
-Section orders: `last` (the smaller remainder section last, as on main) and `first` (the patch).
-No L2, no memory system, no claim latency: it isolates the list's and the claims' imbalance. Measured H200 numbers
-to read it against: bench/results/2026-12-06_h200_session44/README.md.
+  near    it claims `ahead` blocks before it finishes one (main since 00960fc).
+Section orders: `last` (the smaller remainder section last, before 00960fc) and `first` (main since 00960fc).
+No L2, no memory system, no claim latency: it isolates the list's and the claims' imbalance. Measured numbers to
+read it against: bench/results/2026-12-06_h200_session44/README.md (H200, before 00960fc) and
+bench/results/2026-12-07_h100_session45/README.md (H100, run 1: the change it modelled, +8-14 % at d256 causal).
 
 --backward: the sm90 backward's causal grid instead (one CTA per key block, head and batch, handed out greedily in
 launch order, key block fastest; a CTA costs the query blocks it walks + `overhead`, as bwd_cta_fit.py counts them),
