@@ -10,7 +10,7 @@
 #     docs/journal/patches/bwd_causal_tail_key_block_major.patch docs/journal/patches/bwd_dq_convert_heads_fastest.patch
 #   bash bench/results/2026-12-07_h100_session45/call_next_bwd.sh $OUT "64;128" \
 #     docs/journal/patches/bwd_preprocess_heads_fastest.patch
-# One archive (a call returns at most 8 files).
+# One archive (a call returns at most 8 files). DEV_CALL_S: the seconds the patches get before the archive (570).
 # usage: bash bench/results/2026-12-07_h100_session45/call_next_bwd.sh OUTDIR HDIMS PATCH...
 set -uo pipefail
 OUT=$1
@@ -20,5 +20,5 @@ REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 R=/tmp/bwdnext; rm -rf "$R"; mkdir -p "$R"
 DEV_BWD_WORK=/tmp/dev-bwdnext DEV_HDIMS="$HDIMS" DEV_AB_ROUNDS=3 DEV_AB_SAN=0 DEV_GTEST_S=120 \
   DEV_AB_HDIMS=64,128 DEV_AB_SEQLENS="512 1024 4096" \
-  timeout 570 bash "$REPO/bench/gpu/dev/bwd_patch_ab.sh" "$R/ab" "$@" 2>&1 | tail -60
+  timeout "${DEV_CALL_S:-570}" bash "$REPO/bench/gpu/dev/bwd_patch_ab.sh" "$R/ab" "$@" 2>&1 | tail -60
 tar czf "$OUT/bwdnext.tgz" -C /tmp bwdnext
