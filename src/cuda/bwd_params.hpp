@@ -51,6 +51,7 @@ struct BwdParams : FwdParams {
   bool dq_ordered = false;
   int* dq_order = nullptr;
   float* dsinks = nullptr;  // the sinks' gradient (sink_grad.cu), optional
+  int tail_pairs = 0;       // sm90: the last (head, batch) pairs whose CTAs run key block major (sm90/bwd_order.hpp)
 };
 
 // dsinks from the dsum workspace and lse, after the backward kernels (sm80/sink_grad.cu).

@@ -129,6 +129,7 @@ BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan) {
   k.dq_tile = plan.dq_tile;
   k.dq_blocks = plan.dq_blocks;
   k.dq_splits = plan.dq_splits;
+  k.tail_pairs = plan.tail_pairs;
   return k;
 }
 

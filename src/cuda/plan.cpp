@@ -9,6 +9,7 @@
 #include "cuda/bwd_params.hpp"
 #include "cuda/host_common.hpp"
 #include "cuda/sm80/tiles.hpp"
+#include "cuda/sm90/bwd_order.hpp"
 #include "cuda/sm90/tiles.hpp"
 #include "flashattn/flashattn.hpp"  // dtype_name: the one spelling of a dtype in messages
 
@@ -382,6 +383,14 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
       b.block_k = tiles.block_k;
       b.dq_splits = 1;
       b.dq_ordered = b.deterministic;
+      // About two waves of CTAs at the grid's end in key-block-major order under a causal-like mask.
+      const bool falling_lengths = p.window_left < 0 && p.window_right >= 0;
+      if (falling_lengths && !b.deterministic) {
+        DeviceInfo dev;
+        if (detail::Error e = device_info(p.device_index, &dev); !e.ok()) return e;
+        b.tail_pairs = sm90::bwd_tail_pairs(p.heads_q * p.batch, (p.seqlen_k + b.block_k - 1) / b.block_k,
+                                            2 * int64_t(dev.sms), falling_lengths, b.deterministic);
+      }
       bwd_geometry(p, b);
       return detail::ok();
     }

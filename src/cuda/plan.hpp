@@ -91,6 +91,7 @@ struct BwdPlan {
   int block_q = 0, block_k = 0;
   int dq_splits = 1;
   int64_t dq_blocks = 0, dq_tile = 0;  // dQ accumulator geometry (sm80/bwd_params.hpp)
+  int tail_pairs = 0;  // sm90 causal: the grid's last (head, batch) pairs taken key block major (sm90/bwd_order.hpp)
   int64_t workspace_bytes = 0;
 };
 

@@ -11,11 +11,15 @@
 
 #include "cuda/common/bwd_common.cuh"
 #include "cuda/common/fwd_policies.cuh"
+#include "cuda/sm90/bwd_mask_band.cuh"
+#include "cuda/sm90/bwd_traits.cuh"
+#include "cuda/sm90/gemm.cuh"
 
 namespace {
 
 using flashattn::cuda::BlockRange;
 using flashattn::cuda::ColRange;
+using flashattn::cuda::DiagBand;
 using flashattn::cuda::FwdParams;
 using flashattn::cuda::KeyLengthMask;
 using flashattn::cuda::QueryBlocks;
@@ -88,8 +92,8 @@ TEST(MaskPolicy, WindowUnmaskedBlocksAreExact) {
 }
 
 // The kernels' rule is the one of flashattn.h and of the host (core/mask_rule.hpp), key by key: cols(row) holds
-// exactly the keys j with i + off - left <= j <= i + off + right inside [0, len_k), as MaskRule::visible does, and
-// blocks() every block holding such a key.
+// exactly the keys j with i + off - left <= j <= i + off + right inside [0, len_k), as MaskRule::visible does,
+// diag_band() the same keys as offsets j - i, and blocks() every block holding such a key.
 TEST(MaskPolicy, WindowMatchesTheSemanticsKeyByKey) {
   const int windows[][2] = {{-1, 0}, {0, 0}, {3, 5}, {100, -1}, {-1, 40}, {7, 0}, {-1, -1}};
   for (const int len_q : {1, 17, 70})
@@ -105,11 +109,15 @@ TEST(MaskPolicy, WindowMatchesTheSemanticsKeyByKey) {
           const std::string what = "q " + std::to_string(len_q) + " k " + std::to_string(len_k) + " window (" +
                                    std::to_string(w[0]) + ", " + std::to_string(w[1]) + ") br " +
                                    std::to_string(bottom_right);
+          const DiagBand band = diag_band(mask);
           for (int i = 0; i < len_q; ++i) {
             const ColRange c = mask.cols(i), v = mask.rule.visible(i);
             for (int j = -2; j < len_k + 2; ++j) {
               ASSERT_EQ(sees(i, j), j >= 0 && j >= c.lo && j < c.hi) << what << " row " << i << " key " << j;
               ASSERT_EQ(sees(i, j), j >= v.lo && j < v.hi) << what << " row " << i << " key " << j << " (host rule)";
+              if (j >= 0 && j < len_k)
+                ASSERT_EQ(sees(i, j), (!band.has_lo || j - i >= band.lo) && (!band.has_hi || j - i <= band.hi))
+                    << what << " row " << i << " key " << j << " (band)";
             }
           }
           for (const int block_n : {16, 64}) {
@@ -176,6 +184,53 @@ TEST(MaskPolicy, BackwardKeyBlocksPerQueryBlockAreConsecutiveUpToLastKeyBlock) {
                                     std::to_string(bottom_right));
         }
     }
+}
+
+// The sm90 backward's mask_band (BwdConsumer::mask_step takes it for tiles inside both sequences) on the kernel's own
+// S^T fragments: every consumer thread's view of BwdTraits::TiledMmaSdP, keys as rows and queries as columns, at the
+// head dims of both mainloops. Each element must stay exactly where MaskRule::visible (the reference's rule) shows its
+// key to its query: this checks the offsets' compile-time part against the fragment layout, which diag_band() alone
+// does not.
+template <int kHeadDim>
+void check_band_on_fragments() {
+  using namespace cute;
+  using Traits = flashattn::cuda::sm90::BwdTraits<cutlass::bfloat16_t, kHeadDim>;
+  constexpr int kN = Traits::kBlockN, kM = Traits::kBlockM;
+  const int windows[][2] = {{-1, 0}, {0, 0}, {3, 5}, {100, -1}, {-1, 40}, {64, 0}, {-1, -1}};
+  typename Traits::TiledMmaSdP mma;
+  for (const int len_q : {kM, 3 * kM})
+    for (const int len_k : {kN, 2 * kN, 3 * kN})
+      for (const bool bottom_right : {false, true})
+        for (const auto& w : windows) {
+          const FwdParams p = window_problem(len_q, len_k, bottom_right, w[0], w[1]);
+          const WindowMask mask(p, SeqInfo(p, 0));
+          const flashattn::detail::MaskRule<int> rule = mask.rule;
+          for (int m0 = 0; m0 + kM <= len_q; m0 += kM)
+            for (int n0 = 0; n0 + kN <= len_k; n0 += kN)
+              for (int t = 0; t < Traits::kConsumerThreads; ++t) {
+                auto thr = mma.get_thread_slice(t);
+                Tensor cS = thr.partition_C(make_identity_tensor(Shape<Int<kN>, Int<kM>>{}));
+                Tensor cS_rc = make_tensor(cS.data(), flashattn::cuda::sm90::rows_cols(cS.layout()));
+                Tensor acc = partition_fragment_C(mma, Shape<Int<kN>, Int<kM>>{});
+                Tensor s = make_tensor(acc.data(), flashattn::cuda::sm90::rows_cols(acc.layout()));
+                fill(s, 1.f);
+                flashattn::cuda::mask_band<0>(s, cS_rc, diag_band(mask), n0 - m0, 0.f);
+                for (int i = 0; i < size(s); ++i) {
+                  const int key = n0 + get<0>(cS_rc(i)), q = m0 + get<1>(cS_rc(i));
+                  const auto v = rule.visible(q);
+                  ASSERT_EQ(s(i), key >= v.lo && key < v.hi ? 1.f : 0.f)
+                      << "d " << kHeadDim << " q " << len_q << " k " << len_k << " window (" << w[0] << ", " << w[1]
+                      << ") br " << bottom_right << " m0 " << m0 << " n0 " << n0 << " thread " << t << " key " << key
+                      << " query " << q;
+                }
+              }
+        }
+}
+
+TEST(MaskPolicy, BackwardBandMatchesTheRuleOnTheFragments) {
+  check_band_on_fragments<64>();
+  check_band_on_fragments<128>();
+  check_band_on_fragments<256>();  // the split mainloop's tiles (keys split between the warpgroups' columns)
 }
 
 }  // namespace

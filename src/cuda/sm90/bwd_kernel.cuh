@@ -15,6 +15,7 @@
 #include "cuda/sm90/bwd_load.cuh"
 #include "cuda/sm90/bwd_mainloop.cuh"
 #include "cuda/sm90/bwd_mainloop_split.cuh"
+#include "cuda/sm90/bwd_order.hpp"
 
 namespace flashattn::cuda::sm90 {
 
@@ -51,8 +52,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   // starts on a later query block than key block n, so it reaches every tile they share first, and no CTA waits
   // for its turn once running. In ascending order every key block waited for all lower ones on its diagonal tile:
   // causal ran at 0.42-0.65x the default, descending at 0.82-1.00x (bench/results/2026-12-03_h200_session23/).
-  const int n_block = p.dq_order != nullptr ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const BwdBlock<Traits, Mask> blk(p, n_block, int(blockIdx.y), int(blockIdx.z));
+  // Otherwise the launch order, but key block major over the grid's last tail_pairs (head, batch) pairs under a causal
+  // mask (bwd_order.hpp).
+  const BwdCta cta = bwd_cta(int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), int(gridDim.x), int(gridDim.y),
+                             int(gridDim.z), p.tail_pairs, p.dq_order != nullptr);
+  const BwdBlock<Traits, Mask> blk(p, cta.n_block, cta.head, cta.batch);
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     const int warp = cutlass::canonical_warp_idx_sync();

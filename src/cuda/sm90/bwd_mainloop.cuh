@@ -8,6 +8,7 @@
 
 #include "cuda/common/dropout.cuh"
 #include "cuda/sm90/bwd_load.cuh"
+#include "cuda/sm90/bwd_mask_band.cuh"
 #include "cuda/sm90/mechanisms.hpp"
 
 namespace flashattn::cuda::sm90 {
@@ -176,6 +177,15 @@ struct BwdConsumer {
     zero_rows(sdO(_, _, do_read.index()), max(rows_here, 0), kBlockM);
     tails_visible();
   }
+  // A step's mask: the band (mask_band) where the tile lies inside both sequences (the causal diagonal's steps but a
+  // sequence's last partial block), else mask_probs.
+  template <class TP, class TC>
+  __device__ static void mask_step(TP&& s, const TC& cS_rc, const Block& blk, int m0, int rows_here, float hidden) {
+    if (rows_here == kBlockM && blk.n0 <= blk.seq.len_k - kBlockN)  // not n0 + kBlockN: no wrap near INT_MAX
+      mask_band<0>(s, cS_rc, diag_band(blk.mask), blk.n0 - m0, hidden);
+    else
+      mask_probs(s, cS_rc, blk, m0, hidden);
+  }
   // Hidden scores (and queries past the sequence) get P = 0 by assignment (`hidden`: 0 for a probability, -inf for
   // an exponent before exp2): their LSE and inputs may be anything. dS = P (dP - D) is then 0 too: dP and D are finite
   // there (zeroed K/V/Q/dO tails, D read as 0). s and its coordinates cS_rc: (keys, queries) of the thread's S^T
@@ -316,7 +326,7 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) s(r, c) = s(r, c) * p.scale_log2 - lse_c;
       }
-      if (edge) Base::mask_probs(s, cS_rc, blk, m0, -INFINITY);
+      if (edge) Base::mask_step(s, cS_rc, blk, m0, rows_here, -INFINITY);
       constexpr int kColsEarly = Traits::kDsFromRoundedP ? kCols : kCols / 2;
       auto exp2_cols = [&](auto from, auto to) {  // columns [from, to), compile-time bounds
         CUTE_UNROLL

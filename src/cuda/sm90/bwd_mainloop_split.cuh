@@ -128,7 +128,7 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_cols[c]);
       }
-      if (edge) Base::mask_probs(s, cS_rc, blk, m0);  // as in BwdMainloop
+      if (edge) Base::mask_step(s, cS_rc, blk, m0, rows_here, 0.f);  // as in BwdMainloop
       if constexpr (kDropout) {
         Tensor rP = drop.template kept_probs<Element>(tSrS);
         cute::copy(copy_c, copy_c_thr.retile_S(rP), tPsP(_, _, _, buf));
