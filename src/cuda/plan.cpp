@@ -383,14 +383,13 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
       b.block_k = tiles.block_k;
       b.dq_splits = 1;
       b.dq_ordered = b.deterministic;
-      // About two waves of CTAs at the grid's end in key-block-major order under a causal-like mask.
+      // About two waves of CTAs at the grid's end in key-block-major order where bwd_tail_pairs
+      // (sm90/bwd_order.hpp) takes one: a causal-like mask, not deterministic.
+      DeviceInfo dev;
+      if (detail::Error e = device_info(p.device_index, &dev); !e.ok()) return e;
       const bool falling_lengths = p.window_left < 0 && p.window_right >= 0;
-      if (falling_lengths && !b.deterministic) {
-        DeviceInfo dev;
-        if (detail::Error e = device_info(p.device_index, &dev); !e.ok()) return e;
-        b.tail_pairs = sm90::bwd_tail_pairs(p.heads_q * p.batch, (p.seqlen_k + b.block_k - 1) / b.block_k,
-                                            2 * int64_t(dev.sms), falling_lengths, b.deterministic);
-      }
+      b.tail_pairs = sm90::bwd_tail_pairs(p.heads_q * p.batch, (p.seqlen_k + b.block_k - 1) / b.block_k,
+                                          2 * int64_t(dev.sms), falling_lengths, b.deterministic);
       bwd_geometry(p, b);
       return detail::ok();
     }
