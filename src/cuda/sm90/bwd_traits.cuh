@@ -195,7 +195,8 @@ enum BwdBarrier : int {
   kDqOrdered = 6,  // both consumer warpgroups (split mainloop, deterministic): the dQ tile's turn, its adds issued
   kBwdBarrierCount
 };
-static_assert(kBwdBarrierCount + 1 + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16,
+// User ids 0 .. count - 1 are hardware barriers FirstUserBarrier + id, the last at most 15 (as fwd_traits.cuh checks).
+static_assert(kBwdBarrierCount + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16,
               "named barrier ids");
 
 // The index of a (query head, sequence)'s first dQ tile (bwd_params.hpp: dq_blocks tiles per head, each sequence
