@@ -17,14 +17,17 @@ struct BwdEpilogue {
 
   // Every stored key row of the block is written (rows no query sees and keys past seqused_k hold zeros). dK and dV
   // in the output dtype leave through shared memory: K's and V's tiles, free once both warpgroups' last GEMMs have
-  // read them (dQ reads K, dP^T V), take the accumulators' column pairs, and the consumers then copy whole rows in
-  // 16-byte chunks. Stored straight from the MMA layout, each 4-byte store of a warp spans 8 rows, half of every
-  // 32-byte sector it touches: +4-8 % at 512-1k tokens, +1-4 % at 2k (H200,
-  // bench/results/2026-12-03_h200_session25/README.md).
+  // read them (dQ reads K, dP^T V), take the accumulators' column pairs, and then either one thread issues their
+  // TMA stores (kp.tma_dkv: the CTA's other threads exit at once; the thread waits only for the tiles' reads), or
+  // the consumers copy whole rows in 16-byte chunks. Stored straight from the MMA layout, each 4-byte store of a
+  // warp spans 8 rows, half of every 32-byte sector it touches: +4-8 % at 512-1k tokens, +1-4 % at 2k (H200,
+  // bench/results/2026-12-03_h200_session25/README.md). The row copy took 3.2 us of a d128 CTA's 20-24 us at 512
+  // tokens (H100 trace, bench/results/2026-12-07_h100_session48/README.md).
   // GQA's fp32 partials (the workspace, reduced afterwards) keep the direct stores.
   template <class Acc, class Seq>
-  __device__ static void store(const BwdParams& p, typename Traits::SharedStorage& ss, const Seq& seq, int n_block,
-                               int head, int batch, Acc& acc_dk, Acc& acc_dv, int ctid) {
+  __device__ static void store(const BwdKernelParams<Traits>& kp, typename Traits::SharedStorage& ss, const Seq& seq,
+                               int n_block, int head, int batch, Acc& acc_dk, Acc& acc_dv, int ctid) {
+    const BwdParams& p = kp.p;
     typename Traits::TiledMmadKV mma_dkv;
     Tensor cKV = mma_dkv.get_thread_slice(ctid).partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
     const int n0 = n_block * kBlockN;
@@ -46,6 +49,23 @@ struct BwdEpilogue {
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
       pairs_to(acc_dk, cKV, [&](int r, int c) { return &sK(r, c); });
       pairs_to(acc_dv, cKV, [&](int r, int c) { return &sV(r, c); });
+      if (kp.tma_dkv) {
+        cutlass::arch::fence_view_async_shared();  // the generic-proxy writes, visible to the TMA store
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
+        if (ctid == 0) {
+          // The box is clipped at the tensor's rows (seqlen_k) and head dim: a partial block needs no predicates.
+          auto tile = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+          Tensor gdK = local_tile(kp.tma_dk.get_tma_tensor(kp.shape_dk)(_, _, head, batch), tile, make_coord(n_block, 0));
+          Tensor gdV = local_tile(kp.tma_dv.get_tma_tensor(kp.shape_dv)(_, _, head, batch), tile, make_coord(n_block, 0));
+          auto dk_parts = tma_partition(kp.tma_dk, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gdK));
+          auto dv_parts = tma_partition(kp.tma_dv, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gdV));
+          copy(kp.tma_dk, get<1>(dk_parts), get<0>(dk_parts));
+          copy(kp.tma_dv, get<1>(dv_parts), get<0>(dv_parts));
+          tma_store_arrive();
+          tma_store_wait<0>();  // the tiles are read (.read): shared memory may be released
+        }
+        return;
+      }
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
       copy_rows([&](int r, int c) { return &sK(r, c); }, dk + int64_t(n0) * p.dk_row, p.dk_row, rows, p.head_dim, ctid);
       copy_rows([&](int r, int c) { return &sV(r, c); }, dv + int64_t(n0) * p.dv_row, p.dv_row, rows, p.head_dim_v,

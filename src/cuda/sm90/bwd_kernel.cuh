@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   clear(acc_dv);
   if (!blk.empty()) Mainloop(ss, pipe_q, pipe_do, ctid).run(p, blk, acc_dk, acc_dv);
   if constexpr (Opts::kDropout) scale_dropout_dv(p, acc_dv);
-  BwdEpilogue<Traits>::store(p, ss, blk.seq, blk.n_block, blk.head, blk.batch, acc_dk, acc_dv, ctid);
+  BwdEpilogue<Traits>::store(kp, ss, blk.seq, blk.n_block, blk.head, blk.batch, acc_dk, acc_dv, ctid);
 }
 
 }  // namespace flashattn::cuda::sm90

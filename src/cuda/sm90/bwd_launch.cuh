@@ -2,6 +2,9 @@
 // postprocess and (GQA) reduction kernels on the caller's stream.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include "cuda/common/element.hpp"
 #include "cuda/plan.hpp"
 #include "cuda/sm90/bwd_kernel.cuh"
@@ -38,6 +41,31 @@ cudaError_t launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
   kp.shape_do = mdO.shape();
   kp.shape_k = mK.shape();
   kp.shape_v = mV.shape();
+  // dK/dV by TMA store where every box lies in its own (head, batch) and TMA can address them: no GQA partials,
+  // batched (a varlen box would run into the next sequence's rows), 16-byte aligned base and strides (the
+  // caller's tensors may have any stride: bwd_epilogue.cuh's copy_rows takes the rest). Otherwise descriptors of a
+  // stand-in tile at dK's address rounded down to 16 bytes, never used (encoding reads no memory).
+  auto aligned = [](const void* ptr, int64_t row, int64_t head, int heads, int64_t batch_stride, int batches) {
+    constexpr int64_t kMin = 16 / int64_t(sizeof(Element));
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row % kMin == 0 && (heads <= 1 || head % kMin == 0) &&
+           (batches <= 1 || batch_stride % kMin == 0);
+  };
+  kp.tma_dkv = p.group == 1 && !varlen && aligned(p.dk, p.dk_row, p.dk_head, p.heads_q, p.dk_batch, p.batch) &&
+               aligned(p.dv, p.dv_row, p.dv_head, p.heads_q, p.dv_batch, p.batch);
+  Element* stand_in =
+      reinterpret_cast<Element*>(std::max<uintptr_t>(reinterpret_cast<uintptr_t>(p.dk) & ~uintptr_t(15), 256));
+  auto mdK = kp.tma_dkv ? gmem_tensor(static_cast<Element*>(p.dk), p.tensor_rows_k, p.head_dim, p.heads_q, batch,
+                                      p.dk_row, p.dk_head, p.dk_batch)
+                        : gmem_tensor(stand_in, kBlockN, kHeadDim, 1, 1, kHeadDim, 0, 0);
+  auto mdV = kp.tma_dkv ? gmem_tensor(static_cast<Element*>(p.dv), p.tensor_rows_k, p.head_dim_v, p.heads_q, batch,
+                                      p.dv_row, p.dv_head, p.dv_batch)
+                        : gmem_tensor(stand_in, kBlockN, kHeadDim, 1, 1, kHeadDim, 0, 0);
+  kp.tma_dk =
+      make_tma_copy(SM90_TMA_STORE{}, mdK, typename Traits::SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  kp.tma_dv =
+      make_tma_copy(SM90_TMA_STORE{}, mdV, typename Traits::SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  kp.shape_dk = mdK.shape();
+  kp.shape_dv = mdV.shape();
 
   auto kernel = &bwd_kernel<Traits, Mask, Opts>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);

@@ -175,6 +175,12 @@ struct BwdTraits {
       decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaV =
       decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // dK and dV stored from K's and V's tiles (bwd_epilogue.cuh), in the layouts their loads use.
+  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaStoreK =
+      decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaStoreV =
+      decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
 };
 
 template <class Traits>
@@ -184,6 +190,11 @@ struct BwdKernelParams {
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
   typename Traits::GmemShape shape_q, shape_do, shape_k, shape_v;
+  // dK/dV by TMA store (bwd_epilogue.cuh: one query head per KV head, batched, 16-byte aligned), else unused.
+  bool tma_dkv;
+  typename Traits::TmaStoreK tma_dk;
+  typename Traits::TmaStoreV tma_dv;
+  typename Traits::GmemShape shape_dk, shape_dv;
 };
 
 // Named barriers (ids above CUTLASS's reserved ones).
