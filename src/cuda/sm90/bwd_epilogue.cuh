@@ -22,7 +22,8 @@ struct BwdEpilogue {
   // the consumers copy whole rows in 16-byte chunks. Stored straight from the MMA layout, each 4-byte store of a
   // warp spans 8 rows, half of every 32-byte sector it touches: +4-8 % at 512-1k tokens, +1-4 % at 2k (H200,
   // bench/results/2026-12-03_h200_session25/README.md). The row copy took 3.2 us of a d128 CTA's 20-24 us at 512
-  // tokens (H100 trace, bench/results/2026-12-07_h100_session48/README.md).
+  // tokens (H100 trace, bench/results/2026-12-07_h100_session48/README.md); the TMA store gained 1-3.4 % at 512-1k
+  // and nothing measurable from 4k (H100, bench/results/2026-12-07_h100_session49/README.md, runs 1 and 4).
   // GQA's fp32 partials (the workspace, reduced afterwards) keep the direct stores.
   template <class Acc, class Seq>
   __device__ static void store(const BwdKernelParams<Traits>& kp, typename Traits::SharedStorage& ss, const Seq& seq,

@@ -111,7 +111,9 @@ constexpr int64_t fwd_short_seqlen(int head_dim, bool windowed, bool fp8) {
 //   at d64 and 64 x 128 at d128 under a mask; at d128 without one they take 80 x 128 with dQ transposed, which was
 //   slower here at 1k-16k in both versions tried (H100: -1.5..-5.7 % with dS queries contiguous,
 //   bench/results/2026-12-06_h100_session36/README.md run 1; -5..-7 % with dS keys contiguous and no spills,
-//   bench/results/2026-12-06_h100_session43/README.md run 2).
+//   bench/results/2026-12-06_h100_session43/README.md run 2). At d64, cuDNN's 64 x 64 tiles of one warpgroup with
+//   two CTAs per SM (so that one CTA's K/V load and dK/dV store run under the other's GEMMs) were 8-12 % slower
+//   without a mask and 2.4-7 % causal at 512-4k (H100, bench/results/2026-12-07_h100_session49/README.md run 2).
 // - Above 128 (split_head_dim): 64 keys whose dK and dV the two warpgroups split by head dim (2 * 64 * d/2 / 128
 //   accumulators: 128 at d256); each computes S^T and dP^T for half of the 64 query rows, and P and dS go
 //   through shared memory to the other (bwd_mainloop_split.cuh). 128 keys would need 256 accumulators a thread.
