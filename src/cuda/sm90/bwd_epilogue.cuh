@@ -56,8 +56,10 @@ struct BwdEpilogue {
         if (ctid == 0) {
           // The box is clipped at the tensor's rows (seqlen_k) and head dim: a partial block needs no predicates.
           auto tile = Shape<Int<kBlockN>, Int<kHeadDim>>{};
-          Tensor gdK = local_tile(kp.tma_dk.get_tma_tensor(kp.shape_dk)(_, _, head, batch), tile, make_coord(n_block, 0));
-          Tensor gdV = local_tile(kp.tma_dv.get_tma_tensor(kp.shape_dv)(_, _, head, batch), tile, make_coord(n_block, 0));
+          Tensor gdK =
+              local_tile(kp.tma_dk.get_tma_tensor(kp.shape_dk)(_, _, head, batch), tile, make_coord(n_block, 0));
+          Tensor gdV =
+              local_tile(kp.tma_dv.get_tma_tensor(kp.shape_dv)(_, _, head, batch), tile, make_coord(n_block, 0));
           auto dk_parts = tma_partition(kp.tma_dk, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gdK));
           auto dv_parts = tma_partition(kp.tma_dv, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gdV));
           copy(kp.tma_dk, get<1>(dk_parts), get<0>(dk_parts));
