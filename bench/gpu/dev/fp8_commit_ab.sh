@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The FP8 forward of two trees on one card (#21). FP8 d128 16k ran at 888-893 TFLOP/s at d1e681d (session 13) and at
+# 857-868 in the records since session 26, with the same main-loop instruction mix (journal, session 45), so only
+# an A/B on one card says whether the drop is code or card.
+# 1. Each tree gets its own development build: its sm90_bwd_loop.sh, d128 only, the Python package, no suites.
+# 2. Each tree is timed in its own process: the FP8 d128 forward at 16k, without a mask and causal, and cuDNN's bf16
+#    d128 16k forward as the card's anchor.
+# 3. The trees alternate three times (A B A B A B), so that a drift of the clocks shows in both.
+# usage: bench/gpu/dev/fp8_commit_ab.sh OUTDIR OLD_TREE
+#   OLD_TREE: an untracked folder of the checkout, so that the device call carries it, e.g.
+#   `mkdir old && git archive d1e681d | tar -x -C old`. Its .whl is linked to the checkout's.
+set -uo pipefail
+OUT=$1; OLD=$(cd "$2" && pwd)
+REPO=$(cd "$(dirname "$0")/../../.." && pwd)
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+[[ -e $OLD/.whl ]] || ln -s "$REPO/.whl" "$OLD/.whl"
+for t in old:"$OLD" cur:"$REPO"; do
+  name=${t%%:*} tree=${t#*:}
+  start=$(date +%s)
+  DEV_HDIMS=128 DEV_BWD_WORK=/tmp/fp8ab-$name DEV_BWD_SANITIZE=0 DEV_BWD_BENCH=0 \
+    bash "$tree/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/$name" none >"$OUT/$name.log" 2>&1
+  echo "$name: build rc $? in $(($(date +%s) - start)) s"
+done
+for round in 1 2 3; do
+  for name in old cur; do
+    PYTHONPATH=/tmp/fp8ab-$name/pyroot timeout 120 python3 - "$name" "$round" >>"$OUT/fp8_commit_ab.csv" <<'PYEOF'
+import sys
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import flashattn as fa
+
+name, round_ = sys.argv[1], sys.argv[2]
+
+
+def ms(fn, iters=30, repeats=5):
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return sorted(times)[len(times) // 2]
+
+
+seqlen, batch, heads, d = 16384, 1, 16, 128
+q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+(q8, qd), (k8, kd), (v8, vd) = (fa.quantize_fp8(t) for t in (q, k, v))
+for causal in (False, True):
+    flops = 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
+    t = ms(lambda: fa.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd))
+    print(f"{name},{round_},fp8,{int(causal)},{t:.4f},{flops / t / 1e9:.1f}", flush=True)
+qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    t = ms(lambda: F.scaled_dot_product_attention(qt, kt, vt))
+print(f"{name},{round_},cudnn_bf16,0,{t:.4f},{4 * batch * heads * seqlen * seqlen * d / t / 1e9:.1f}", flush=True)
+PYEOF
+    echo "$name round $round rc $?"
+  done
+done
+# tree,round,kernel,causal,ms,TFLOP/s; the medians per tree and the ratio cur / old.
+python3 - "$OUT/fp8_commit_ab.csv" <<'PYEOF'
+import csv, statistics, sys
+rows = list(csv.reader(open(sys.argv[1])))
+keys = sorted({(r[2], r[3]) for r in rows})
+for kernel, causal in keys:
+    med = {n: statistics.median(float(r[5]) for r in rows if r[0] == n and (r[2], r[3]) == (kernel, causal))
+           for n in ("old", "cur") if any(r[0] == n and (r[2], r[3]) == (kernel, causal) for r in rows)}
+    line = "  ".join(f"{n} {v:.1f}" for n, v in med.items())
+    ratio = f"  cur/old {med['cur'] / med['old']:.3f}" if len(med) == 2 else ""
+    print(f"{kernel} causal {causal}: {line}{ratio} TFLOP/s")
+PYEOF
