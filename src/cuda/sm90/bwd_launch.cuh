@@ -45,21 +45,21 @@ cudaError_t launch_bwd_main(const BwdParams& p, cudaStream_t stream) {
   // batched (a varlen box would run into the next sequence's rows), 16-byte aligned base and strides (the
   // caller's tensors may have any stride: bwd_epilogue.cuh's copy_rows takes the rest). Otherwise descriptors of a
   // stand-in tile at dK's address rounded down to 16 bytes, never used (encoding reads no memory).
-  auto aligned = [](const void* ptr, int64_t row, int64_t head, int heads, int64_t batch_stride, int batches) {
-    constexpr int64_t kMin = 16 / int64_t(sizeof(Element));
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row % kMin == 0 && (heads <= 1 || head % kMin == 0) &&
-           (batches <= 1 || batch_stride % kMin == 0);
+  auto addressable = [&](const void* ptr, int64_t row, int64_t head, int64_t batch_stride) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && tma_stride_fits<Element>(row, p.tensor_rows_k) &&
+           tma_stride_fits<Element>(head, p.heads_q) && tma_stride_fits<Element>(batch_stride, batch);
   };
-  kp.tma_dkv = p.group == 1 && !varlen && aligned(p.dk, p.dk_row, p.dk_head, p.heads_q, p.dk_batch, p.batch) &&
-               aligned(p.dv, p.dv_row, p.dv_head, p.heads_q, p.dv_batch, p.batch);
+  kp.tma_dkv = p.group == 1 && !varlen && addressable(p.dk, p.dk_row, p.dk_head, p.dk_batch) &&
+               addressable(p.dv, p.dv_row, p.dv_head, p.dv_batch);
   Element* stand_in =
       reinterpret_cast<Element*>(std::max<uintptr_t>(reinterpret_cast<uintptr_t>(p.dk) & ~uintptr_t(15), 256));
-  auto mdK = kp.tma_dkv ? gmem_tensor(static_cast<Element*>(p.dk), p.tensor_rows_k, p.head_dim, p.heads_q, batch,
-                                      p.dk_row, p.dk_head, p.dk_batch)
-                        : gmem_tensor(stand_in, kBlockN, kHeadDim, 1, 1, kHeadDim, 0, 0);
-  auto mdV = kp.tma_dkv ? gmem_tensor(static_cast<Element*>(p.dv), p.tensor_rows_k, p.head_dim_v, p.heads_q, batch,
-                                      p.dv_row, p.dv_head, p.dv_batch)
-                        : gmem_tensor(stand_in, kBlockN, kHeadDim, 1, 1, kHeadDim, 0, 0);
+  auto store_tensor = [&](void* ptr, int cols, int64_t row, int64_t head, int64_t batch_stride) {
+    return kp.tma_dkv ? gmem_tensor(static_cast<Element*>(ptr), p.tensor_rows_k, cols, p.heads_q, batch, row, head,
+                                    batch_stride)
+                      : gmem_tensor(stand_in, kBlockN, kHeadDim, 1, 1, kHeadDim, 0, 0);
+  };
+  auto mdK = store_tensor(p.dk, p.head_dim, p.dk_row, p.dk_head, p.dk_batch);
+  auto mdV = store_tensor(p.dv, p.head_dim_v, p.dv_row, p.dv_head, p.dv_batch);
   kp.tma_dk =
       make_tma_copy(SM90_TMA_STORE{}, mdK, typename Traits::SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
   kp.tma_dv =

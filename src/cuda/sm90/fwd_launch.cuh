@@ -19,6 +19,12 @@ int64_t tma_stride(int64_t stride, int64_t extent) {
   constexpr int64_t kMinStride = 16 / int64_t(sizeof(Element));
   return extent <= 1 && (stride == 0 || stride % kMinStride != 0) ? kMinStride : stride;
 }
+// Whether TMA takes the stride as gmem_tensor passes it (after tma_stride): the caller's tensors that may have any
+// stride (the backward's dK/dV) check it before they choose TMA.
+template <class Element>
+bool tma_stride_fits(int64_t stride, int64_t extent) {
+  return tma_stride<Element>(stride, extent) % (16 / int64_t(sizeof(Element))) == 0;
+}
 
 template <class Ptr>
 auto gmem_tensor(Ptr ptr, int64_t rows, int dim, int heads, int batch, int64_t row, int64_t head,
