@@ -9,6 +9,12 @@ bwd_peers_ncu.sh and sm90_bwd_loop.sh write it, gzipped or not) without the GUI.
                                           store lines shown, the runs between them summed (count, samples, opcodes)
   ncu_source.py FILE --kernel K --regions LO-HI [LO-HI ...]
                                           samples and stall reasons summed over each line range
+  ncu_source.py FILE --kernel K --counts N
+                                          the N largest groups of lines by execution count: a count is a role and a
+                                          frequency (once per step of every consumer warp, once per consumer warp of
+                                          a CTA, once per CTA, ...), so the groups split a kernel into its loop, its
+                                          prologue/epilogue and its producer; their SASS lines, instructions,
+                                          samples and stall reasons
 
 Samples are warp-state samples: a warp waiting is sampled as often as one issuing, so the share of a region is the
 share of warp time spent there (idle producer warps included). Lines are numbered from 0 within each kernel.
@@ -63,6 +69,7 @@ def main():
     ap.add_argument("--by", default="# Samples", help="column to rank --top by (e.g. stall_wait)")
     ap.add_argument("--flow")
     ap.add_argument("--regions", nargs="+")
+    ap.add_argument("--counts", type=int)
     a = ap.parse_args()
     ks = kernels(a.file)
     if a.kernel is None:
@@ -119,6 +126,21 @@ def main():
                 cnt += 1
                 ops[opcode(src)] += 1
         run_between()
+    if a.counts:
+        groups = collections.defaultdict(list)
+        for r in rows:
+            groups[num(r, ix, "Instructions Executed")].append(r)
+        ranked = sorted(groups.items(), key=lambda g: -sum(num(r, ix, "# Samples") for r in g[1]))[: a.counts]
+        for ex, rs in ranked:
+            n = sum(num(r, ix, "# Samples") for r in rs)
+            stalls = collections.Counter()
+            for r in rs:
+                for st in k["stalls"]:
+                    stalls[st[6:]] += num(r, ix, st)
+            print(
+                f"count {ex:8d}: {len(rs):4d} lines, {ex * len(rs) / 1e6:6.2f} M instructions, "
+                f"{n / total * 100:5.1f} % of samples  " + " ".join(f"{st}:{v}" for st, v in stalls.most_common(5))
+            )
     for rg in a.regions or []:
         lo, hi = map(int, rg.split("-"))
         stalls, n = collections.Counter(), 0
