@@ -24,42 +24,32 @@ for t in old:"$OLD" cur:"$REPO"; do
 done
 for round in 1 2 3; do
   for name in old cur; do
-    PYTHONPATH=/tmp/fp8ab-$name/pyroot timeout 120 python3 - "$name" "$round" >>"$OUT/fp8_commit_ab.csv" <<'PYEOF'
+    PYTHONPATH=/tmp/fp8ab-$name/pyroot:$REPO/bench/gpu timeout 120 python3 - "$name" "$round" \
+      >>"$OUT/fp8_commit_ab.csv" <<'PYEOF'
+# The harness's protocol (bench.py: triton do_bench medians, 50 ms warm-up, 200 ms of repeats) and FLOP convention
+# (common.attn_flops).
 import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+import common
 import flashattn as fa
 
 name, round_ = sys.argv[1], sys.argv[2]
-
-
-def ms(fn, iters=30, repeats=5):
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return sorted(times)[len(times) // 2]
-
-
 seqlen, batch, heads, d = 16384, 1, 16, 128
 q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 (q8, qd), (k8, kd), (v8, vd) = (fa.quantize_fp8(t) for t in (q, k, v))
 for causal in (False, True):
-    flops = 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
-    t = ms(lambda: fa.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd))
+    flops = common.attn_flops(batch, heads, seqlen, seqlen, d, causal, "fwd")
+    t = do_bench(lambda: fa.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd),
+                 warmup=50, rep=200, return_mode="median")
     print(f"{name},{round_},fp8,{int(causal)},{t:.4f},{flops / t / 1e9:.1f}", flush=True)
 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-    t = ms(lambda: F.scaled_dot_product_attention(qt, kt, vt))
-print(f"{name},{round_},cudnn_bf16,0,{t:.4f},{4 * batch * heads * seqlen * seqlen * d / t / 1e9:.1f}", flush=True)
+    t = do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt), warmup=50, rep=200, return_mode="median")
+flops = common.attn_flops(batch, heads, seqlen, seqlen, d, False, "fwd")
+print(f"{name},{round_},cudnn_bf16,0,{t:.4f},{flops / t / 1e9:.1f}", flush=True)
 PYEOF
     echo "$name round $round rc $?"
   done

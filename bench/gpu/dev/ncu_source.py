@@ -56,6 +56,16 @@ def opcode(src):
     return words[0].split(".")[0] if words else "?"
 
 
+def samples_and_stalls(rows, k):
+    """The rows' samples and their stall reasons (names without the stall_ prefix), summed."""
+    stalls, n = collections.Counter(), 0
+    for r in rows:
+        n += num(r, k["ix"], "# Samples")
+        for s in k["stalls"]:
+            stalls[s[6:]] += num(r, k["ix"], s)
+    return n, stalls
+
+
 def stall_str(row, k, total, n=3):
     top = sorted(((num(row, k["ix"], s), s[6:]) for s in k["stalls"]), reverse=True)[:n]
     return " ".join(f"{name}:{v / total * 100:.2f}" for v, name in top if v)
@@ -75,12 +85,11 @@ def main():
     if a.kernel is None:
         for i, k in enumerate(ks):
             ix = k["ix"]
-            total = sum(num(r, ix, "# Samples") for r in k["rows"]) or 1
-            stalls, ops = collections.Counter(), collections.Counter()
+            total, stalls = samples_and_stalls(k["rows"], k)
+            total = total or 1
+            ops = collections.Counter()
             for r in k["rows"]:
                 ops[opcode(r[ix["Source"]])] += num(r, ix, "Instructions Executed")
-                for s in k["stalls"]:
-                    stalls[s[6:]] += num(r, ix, s)
             inst = sum(ops.values())
             print(f"[{i}] {k['name'][:150]}")
             print(f"    samples {total}, warp instructions {inst / 1e6:.1f} M, {len(k['rows'])} SASS lines")
@@ -130,24 +139,16 @@ def main():
         groups = collections.defaultdict(list)
         for r in rows:
             groups[num(r, ix, "Instructions Executed")].append(r)
-        ranked = sorted(groups.items(), key=lambda g: -sum(num(r, ix, "# Samples") for r in g[1]))[: a.counts]
+        ranked = sorted(groups.items(), key=lambda g: -samples_and_stalls(g[1], k)[0])[: a.counts]
         for ex, rs in ranked:
-            n = sum(num(r, ix, "# Samples") for r in rs)
-            stalls = collections.Counter()
-            for r in rs:
-                for st in k["stalls"]:
-                    stalls[st[6:]] += num(r, ix, st)
+            n, stalls = samples_and_stalls(rs, k)
             print(
                 f"count {ex:8d}: {len(rs):4d} lines, {ex * len(rs) / 1e6:6.2f} M instructions, "
                 f"{n / total * 100:5.1f} % of samples  " + " ".join(f"{st}:{v}" for st, v in stalls.most_common(5))
             )
     for rg in a.regions or []:
         lo, hi = map(int, rg.split("-"))
-        stalls, n = collections.Counter(), 0
-        for r in rows[lo : hi + 1]:
-            n += num(r, ix, "# Samples")
-            for s in k["stalls"]:
-                stalls[s[6:]] += num(r, ix, s)
+        n, stalls = samples_and_stalls(rows[lo : hi + 1], k)
         print(f"{rg}: {n} samples ({n / total * 100:.1f} %) " + " ".join(f"{s}:{v}" for s, v in stalls.most_common(8)))
 
 
