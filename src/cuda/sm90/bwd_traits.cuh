@@ -77,8 +77,6 @@ struct BwdTraits {
   static constexpr int kRegisterFile = kLaunchRegs * kThreads;
   static constexpr int kConsumerRegsRaw = (kRegisterFile - kProducerRegs * kWgThreads) / kConsumerThreads / 8 * 8;
   static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
-  static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kConsumerThreads <= kRegisterFile,
-                "setmaxnreg: the warpgroups' registers exceed the CTA's pool");
 
   // Tiled over both consumer warpgroups (thread index 0..255 of the consumers): S^T, dP^T and dK/dV split the
   // keys, dQ its rows (block_q 128) or its head dim (block_q 64). Split: S^T and dP^T split the queries, dK/dV
