@@ -68,15 +68,11 @@ struct BwdTraits {
   // dQ through staging tiles and the writer warp (bwd_epilogue.cuh), or reduced from registers (split).
   static constexpr bool kDqStaged = !kSplitHeadDim;
 
-  // setmaxnreg moves registers only within the CTA's pool, what it launched with (kLaunchRegs a thread, a multiple
-  // of 8: 168 at 384 threads), as in fwd_traits.cuh: 24 for the producer leaves 240 for each consumer warpgroup. With
-  // 32 for the producer and 240 for the consumers (a share computed from the whole register file) every backward
-  // hung in the consumers' setmaxnreg.inc (bench/results/2026-12-07_h100_session51/README.md).
+  // One CTA per SM (__launch_bounds__(kThreads, 1)): 24 for the producer leaves 240 for each consumer warpgroup
+  // (tiles.hpp: consumer_regs).
   static constexpr int kProducerRegs = 24;
-  static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
-  static constexpr int kRegisterFile = kLaunchRegs * kThreads;
-  static constexpr int kConsumerRegsRaw = (kRegisterFile - kProducerRegs * kWgThreads) / kConsumerThreads / 8 * 8;
-  static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
+  static constexpr int kConsumerRegs = consumer_regs(1, kConsumerWGs, kProducerRegs);
+  static_assert(kThreads == (kConsumerWGs + 1) * kWgThreads);
 
   // Tiled over both consumer warpgroups (thread index 0..255 of the consumers): S^T, dP^T and dK/dV split the
   // keys, dQ its rows (block_q 128) or its head dim (block_q 64). Split: S^T and dP^T split the queries, dK/dV

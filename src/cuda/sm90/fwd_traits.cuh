@@ -236,15 +236,9 @@ struct FwdTraits {
   static constexpr int kCtasPerSmFit = 228 * 1024 / (kSmemBytes + 1024);
   static constexpr int kCtasPerSm = kTiles.ctas_per_sm < kCtasPerSmFit ? kTiles.ctas_per_sm : kCtasPerSmFit;
   static_assert(kCtasPerSm >= 1);
-  // A CTA launches with the registers per thread that kCtasPerSm CTAs leave (a multiple of 8, the allocation
-  // unit); setmaxnreg only moves registers between its warpgroups, so the consumers get what that pool holds beyond
-  // the producer's 24, rounded down to a multiple of 8 and capped at 240. A larger request waits forever (with 32
-  // for the producer it did). One CTA of two consumer warpgroups: 168 each at launch, 240 for the consumers; three
-  // CTAs of one: 80 at launch, 136.
-  static constexpr int kLaunchRegs = 64 * 1024 / (kCtasPerSm * kThreads) / 8 * 8;
-  static constexpr int kRegisterFile = kLaunchRegs * kThreads;
-  static constexpr int kConsumerRegsRaw = (kRegisterFile - kProducerRegs * kWgThreads) / kConsumerThreads / 8 * 8;
-  static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
+  // The consumers' registers: what the pool of kCtasPerSm CTAs holds beyond the producer's (tiles.hpp).
+  static constexpr int kConsumerRegs = consumer_regs(kCtasPerSm, kConsumerWGs, kProducerRegs);
+  static_assert(kThreads == (kConsumerWGs + 1) * kWgThreads);
 
   // Global tensors as TMA sees them: (rows, d, heads, batch); varlen: (total rows, d, heads, 1).
   using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;

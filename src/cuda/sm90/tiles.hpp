@@ -14,6 +14,21 @@ constexpr int kWarpgroupRows = 64;
 // never straddles pages (vLLM's default page is 16 keys). Other page sizes are gathered with cp.async.
 constexpr int kPageBoxRows = 16;
 
+// The registers a thread of each consumer warpgroup gets by setmaxnreg (forward and backward traits). setmaxnreg
+// moves registers only within the CTA's pool, what it launched with: 64 K registers over the SM's CTAs and threads,
+// a multiple of 8 a thread (the allocation unit). The consumers get what that pool holds beyond the producer
+// warpgroup's `producer_regs`, rounded down to a multiple of 8 and capped at 240. A larger request waits forever:
+// with 32 for the producer and 240 for the consumers, the forward hung, and so did the backward when its share was
+// computed from the whole register file (bench/results/2026-12-07_h100_session51/README.md). One CTA of two consumer
+// warpgroups: 168 a thread at launch, 240 for the consumers; three CTAs of one: 80 at launch, 136.
+constexpr int consumer_regs(int ctas_per_sm, int consumer_warpgroups, int producer_regs) {
+  const int wg_threads = 128, threads = (consumer_warpgroups + 1) * wg_threads;
+  const int launch_regs = 64 * 1024 / (ctas_per_sm * threads) / 8 * 8;
+  const int share = (launch_regs * threads - producer_regs * wg_threads) / (consumer_warpgroups * wg_threads) / 8 * 8;
+  return share > 240 ? 240 : share;
+}
+static_assert(consumer_regs(1, 2, 24) == 240 && consumer_regs(3, 1, 24) == 136);
+
 struct FwdTiles {
   int consumer_warpgroups;  // block_q = 64 * consumer_warpgroups
   int block_k;              // keys per main-loop step (wgmma N of Q.K^T, K of P.V: a multiple of 16)
