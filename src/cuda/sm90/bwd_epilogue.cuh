@@ -48,8 +48,15 @@ struct BwdEpilogue {
       Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
       // (kTails' id: its one use, at the mainloop's start, has completed; the same 256 threads.)
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
-      pairs_to(acc_dk, cKV, [&](int r, int c) { return &sK(r, c); });
-      pairs_to(acc_dv, cKV, [&](int r, int c) { return &sV(r, c); });
+      // stmatrix (8 x 8 blocks of 16-byte rows; the swizzle applied to offsets, as dS's in bwd_mainloop.cuh): the
+      // column-pair stores with their swizzled addresses took about 340 instructions a consumer warp at d64 (ncu
+      // source counters, H100: bench/results/2026-12-07_h100_session50/README.md).
+      auto copy_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
+      auto copy_kv_thr = copy_kv.get_thread_slice(ctid);
+      cute::copy(copy_kv, copy_kv_thr.retile_S(convert_fragment<Element>(acc_dk)),
+                 copy_kv_thr.partition_D(as_position_independent_swizzle_tensor(sK)));
+      cute::copy(copy_kv, copy_kv_thr.retile_S(convert_fragment<Element>(acc_dv)),
+                 copy_kv_thr.partition_D(as_position_independent_swizzle_tensor(sV)));
       if (kp.tma_dkv) {
         cutlass::arch::fence_view_async_shared();  // the generic-proxy writes, visible to the TMA store
         cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);

@@ -1,5 +1,6 @@
 // The sm90 backward kernel (FlashAttention-3 design), assembled from collectives with one job each:
-//   bwd_load.cuh      the producer warp: TMA loads of K/V once and of Q + LSE, dO + D per query block
+//   bwd_load.cuh      the producer warp: TMA loads of K/V once and of Q, dO per query block; the stats warp:
+//                     the query rows' LSE and D into the same stages
 //   bwd_mainloop.cuh  both consumer warpgroups: S^T, dP^T, P, dS, dV, dK in registers, dQ to staging tiles
 //   bwd_mainloop_split.cuh  the same above head dim 128, the warpgroups splitting the head dim of dK/dV and dQ
 //                     (P and dS through shared memory, dQ reduced from registers)
@@ -40,6 +41,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   }
   typename Pipeline::Params pipe_params;
   pipe_params.transaction_bytes = Traits::kTileBytesQ;
+  // A stage is full once the TMA producer's arrival (with the tile's bytes) and one from each lane of the stats warp
+  // (after its LSE or D stores: BwdStatsLoad) are in.
+  pipe_params.num_producers = 1 + cutlass::NumThreadsPerWarp;
   pipe_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pipe_params.is_leader = is_tma_thread;
   pipe_params.num_consumers = Traits::kConsumerThreads;
@@ -61,6 +65,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     const int warp = cutlass::canonical_warp_idx_sync();
     if (warp == 0) BwdLoad<Traits, Mask>{kp, ss, pipe_q, pipe_do}.load(blk);
+    if (warp == 2) BwdStatsLoad<Traits, Mask>{p, ss, pipe_q, pipe_do}.load(blk);
     if constexpr (Traits::kDqStaged) {
       if (warp == 1) BwdDqWriter<Traits>::run(p, ss, blk);
     }

@@ -1,6 +1,6 @@
-// The load collective of the sm90 backward: one producer warp issues the TMA loads of the CTA's K and V (once,
-// completing on barrier_kv) and, per query block, of Q and of dO into two pipelines. (The query rows' LSE and D
-// are read by the consumers: a TMA box of them would start at any row of a varlen sequence, 4-byte aligned.)
+// The load collectives of the sm90 backward: one producer warp issues the TMA loads of the CTA's K and V (once,
+// completing on barrier_kv) and, per query block, of Q and of dO into two pipelines; the stats warp writes the
+// query rows' LSE and D beside them, completing on the same stage barriers (BwdStatsLoad).
 #pragma once
 
 #include "cuda/sm90/bwd_traits.cuh"
@@ -86,6 +86,71 @@ struct BwdLoad {
         copy(kp.tma_do.with(*bar), tdOg(_, m), tdOs(_, do_write.index()));
       }
       ++do_write;
+    }
+  }
+};
+
+// The stats warp (a warp of the producer warpgroup): per query block, the rows' LSE (log2 units; 0 for a row that saw
+// no key, whose scores are all masked) and D into the buffers of the block's Q and dO stages; then each lane arrives
+// on both stages' full barriers, which expect these 32 arrivals beside the TMA producer's (bwd_kernel.cuh), so a
+// consumer that waits for Q (dO) also has the LSE (D), and rows past the sequence read 0. (Not a TMA box: the rows of
+// a varlen sequence, or of a batch of odd length, start at any 4-byte boundary. Not st.async either: it needs a
+// cluster of two CTAs or more, compute-sanitizer memcheck.) The warp waits for a stage to be released as the TMA
+// producer does. Loaded by the consumers a step ahead instead, the loads, conversion and stores cost each consumer
+// thread about 45 instructions a step and a re-read of its thread index (S2R) that stalled the stores (ncu source
+// counters, H100, d64 causal 1k: bench/results/2026-12-07_h100_session50/README.md).
+template <class Traits, class Mask>
+struct BwdStatsLoad {
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Traits::PipelineState;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kChunks = kBlockM / 4;  // float4 chunks of one stage's LSE (or D)
+
+  const BwdParams& p;
+  typename Traits::SharedStorage& ss;
+  Pipeline& pipe_q;
+  Pipeline& pipe_do;
+
+  // One float4 chunk (rows r0..r0 + 3 of the stage) of the LSE (kLse) or D; rows past the sequence read 0.
+  template <bool kLse>
+  __device__ void chunk(const float* src, int64_t stride, int q0, int len_q, float* dst) const {
+    float v[4];
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) v[j] = q0 + j < len_q ? src[j * stride] : 0.f;
+    if constexpr (kLse) {
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) v[j] = v[j] == -INFINITY ? 0.f : v[j] * kLog2e;
+    }
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+
+  // Each lane's chunks are fixed for the block (block_q 64: lanes 0-15 the LSE's 16 chunks, 16-31 D's; block_q 128:
+  // chunk `lane` of each), their row pointers advanced a query block a step. (A loop over chunks that picked LSE or
+  // D per iteration kept both strides and pointers live: ptxas spilled 68 bytes at 24 registers, d128.)
+  __device__ void load(const BwdBlock<Traits, Mask>& blk) {
+    if (blk.empty()) return;
+    static_assert(kChunks == 16 || kChunks == 32);
+    const int lane = int(threadIdx.x) % cutlass::NumThreadsPerWarp;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const int c = kChunks == 32 ? lane : lane % 16, r0 = c * 4;
+    const int64_t lse_row = p.lse_row;
+    const float* lse_g = p.lse + (varlen ? int64_t(blk.seq.q_start) * lse_row : int64_t(blk.batch) * p.lse_batch) +
+                         int64_t(blk.head) * p.lse_head + int64_t(blk.m_lo * kBlockM + r0) * lse_row;
+    const float* dsum_g = p.dsum + int64_t(blk.head) * p.dsum_stride + blk.seq.q_row0 + blk.m_lo * kBlockM + r0;
+    const int len_q = blk.seq.len_q;
+    // Q's and dO's stages advance together (one of each per query block).
+    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+    for (int m = blk.m_lo; m < blk.m_hi; ++m) {
+      pipe_q.producer_acquire(write);  // not the leader: waits for the stage's release only
+      pipe_do.producer_acquire(write);
+      const int q0 = m * kBlockM + r0, at = write.index() * kBlockM + r0;
+      if (kChunks == 32 || lane < 16) chunk<true>(lse_g, lse_row, q0, len_q, ss.lse.data() + at);
+      if (kChunks == 32 || lane >= 16) chunk<false>(dsum_g, 1, q0, len_q, ss.dsum.data() + at);
+      mbarrier_arrive(pipe_q.producer_get_barrier(write));
+      mbarrier_arrive(pipe_do.producer_get_barrier(write));
+      ++write;
+      lse_g += kBlockM * lse_row;
+      dsum_g += kBlockM;
     }
   }
 };

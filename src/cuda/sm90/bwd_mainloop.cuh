@@ -76,8 +76,8 @@ __device__ void scale_dropout_dv(const BwdParams& p, Acc& acc_dv) {
   for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= p.dropout.keep_scale;
 }
 
-// What both mainloops share: the consumer's pipeline states, the zeroed tails of the shared tiles, and the query
-// rows' LSE and D.
+// What both mainloops share: the consumer's pipeline states and the zeroed tails of the shared tiles. (The query
+// rows' LSE and D arrive with their stage's Q and dO: bwd_load.cuh, BwdStatsLoad.)
 template <class Traits, class Mask>
 struct BwdConsumer {
   using Element = typename Traits::Element;
@@ -122,35 +122,6 @@ struct BwdConsumer {
   __device__ static void tails_visible() {
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kTails);
-  }
-
-  // The LSE (log2 units; 0 for a row that saw no key, whose scores are all masked) and D of query block m: one
-  // value per consumer thread below 2 * block_q, loaded a step ahead from global memory (L2) and stored in the
-  // step's buffer; rows past the sequence read 0 (masked columns). The load's value is used only by the store,
-  // at the step's end: converted at the load, its consumer stalled on L2 latency before the step's first GEMM
-  // (ncu source counters, bench/results/2026-12-01_h200_session9/README.md).
-  struct RowStats {
-    const float* lse_g;
-    const float* dsum_g;
-    int len_q;
-  };
-  __device__ static RowStats row_stats(const BwdParams& p, const Block& blk) {
-    const bool varlen = p.cu_seqlens_q != nullptr;
-    return {p.lse + (varlen ? int64_t(blk.seq.q_start) * p.lse_row : int64_t(blk.batch) * p.lse_batch) +
-                int64_t(blk.head) * p.lse_head,
-            p.dsum + int64_t(blk.head) * p.dsum_stride + blk.seq.q_row0, blk.seq.len_q};
-  }
-  // (The row stride is read from the kernel parameters at each use: kept in registers, d128 spilled.)
-  __device__ float load_stat(const BwdParams& p, const RowStats& r, int m) const {
-    const int q = m * kBlockM + ctid % kBlockM;
-    float v = 0.f;
-    if (ctid < 2 * kBlockM && q < r.len_q) v = ctid < kBlockM ? r.lse_g[int64_t(q) * p.lse_row] : r.dsum_g[q];
-    return v;
-  }
-  __device__ void store_stat(float v, int buf) const {
-    const bool lse_thread = ctid < kBlockM;
-    if (lse_thread) v = v == -INFINITY ? 0.f : v * kLog2e;
-    if (ctid < 2 * kBlockM) (lse_thread ? ss.lse.data() : ss.dsum.data())[buf * kBlockM + ctid % kBlockM] = v;
   }
 
   // Key rows past the sequence's keys that TMA did not zero-fill (varlen: the next sequence; seqused_k: stored
@@ -270,8 +241,6 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
 
     const bool varlen = p.cu_seqlens_q != nullptr;
     const int n0 = blk.n0, len_q = blk.seq.len_q;
-    const typename Base::RowStats stats = Base::row_stats(p, blk);
-    this->store_stat(this->load_stat(p, stats, blk.m_lo), 0);
     this->kv_tails(p, blk);
     const int64_t bh = int64_t(blk.batch) * p.heads_q + blk.head;  // the dropout mask's key
     const int lane = ctid % cutlass::NumThreadsPerWarp;
@@ -282,24 +251,23 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       const int m0 = m * kBlockM;
       const int q_stage = q_read.index(), do_stage = do_read.index(), buf = step % 2;
       const bool has_next = m + 1 < blk.m_hi;
-      const float next_stat = has_next ? this->load_stat(p, stats, m + 1) : 0.f;
       const int rows_here = min(kBlockM, len_q - m0);
       const bool edge = rows_here < kBlockM || blk.mask.block_needs_mask(m0, rows_here, n0, kBlockN);
       if (varlen && rows_here < kBlockM) this->q_tails(rows_here);
 
-      // The LSE of this thread's columns, read before the GEMMs where registers allow (block_q 64: 16 columns):
-      // read after S^T's wait, each shared load queued behind the GEMMs' operand reads and the exponentials
-      // stalled on them (ncu source counters, bench/results/2026-12-01_h200_session9/README.md).
-      const float* lse = ss.lse.data() + buf * kBlockM;
-      const float* dsum = ss.dsum.data() + buf * kBlockM;
+      // The LSE of this thread's columns (it arrives with Q), read before the GEMMs where registers allow (block_q
+      // 64: 16 columns): read after S^T's wait, each shared load queued behind the GEMMs' operand reads and the
+      // exponentials stalled on them (ncu source counters, bench/results/2026-12-01_h200_session9/README.md).
+      const float* lse = ss.lse.data() + q_stage * kBlockM;
+      const float* dsum = ss.dsum.data() + do_stage * kBlockM;  // D arrives with dO
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      pipe_q.consumer_wait(q_read);
       float lse_cols[kStatsInRegs ? kCols : 1];
       if constexpr (kStatsInRegs) {
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) lse_cols[c] = lse[get<1>(cS_rc(0, c))];
       }
-      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      pipe_q.consumer_wait(q_read);
       wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), tSrS);
       pipe_do.consumer_wait(do_read);
       wgmma_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), tdPrdP);
@@ -356,8 +324,7 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       Tensor tdKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
 
       // dS to shared memory (buffer buf: the other one may still be read by the other warpgroup's dQ of the
-      // previous step), then dQ over both warpgroups' keys. The barrier also publishes the next step's LSE and D
-      // (their buffer was last read before the previous step's barrier).
+      // previous step), then dQ over both warpgroups' keys.
       cute::copy(copy_ds, copy_ds_thr.retile_S(rdS), tdSsdS(_, _, _, buf));
       // dV += P^T.dO once dS is formed (FlashAttention-3/4's order): issued before it, it needed every exponential
       // before dP^T's wait.
@@ -375,7 +342,6 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
         Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
         wgmma_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), acc_dv);
       }
-      if (has_next) this->store_stat(next_stat, buf ^ 1);
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});

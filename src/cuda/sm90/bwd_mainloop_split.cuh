@@ -84,8 +84,6 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
 
     const int n0 = blk.n0, len_q = blk.seq.len_q;
     const bool varlen = p.cu_seqlens_q != nullptr;
-    const typename Base::RowStats stats = Base::row_stats(p, blk);
-    this->store_stat(this->load_stat(p, stats, blk.m_lo), 0);
     this->kv_tails(p, blk);
     const int64_t bh = int64_t(blk.batch) * p.heads_q + blk.head;  // the dropout mask's key
     const int lane = ctid % cutlass::NumThreadsPerWarp;
@@ -99,25 +97,23 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
       const int m0 = m * kBlockM;
       const int q_stage = q_read.index(), do_stage = do_read.index(), buf = step % 2;
       const bool has_next = m + 1 < blk.m_hi;
-      const float next_stat = has_next ? this->load_stat(p, stats, m + 1) : 0.f;
       const int rows_here = min(kBlockM, len_q - m0);
       const bool edge = rows_here < kBlockM || blk.mask.block_needs_mask(m0, rows_here, n0, kBlockN);
       if (varlen && rows_here < kBlockM) this->q_tails(rows_here);
 
-      // 8 query columns a thread: their LSE and D in registers, read before the GEMMs.
-      const float* lse = ss.lse.data() + buf * kBlockM;
-      const float* dsum = ss.dsum.data() + buf * kBlockM;
+      // 8 query columns a thread: their LSE and D (which arrive with Q and dO) in registers, read before the GEMMs.
+      const float* lse = ss.lse.data() + q_stage * kBlockM;
+      const float* dsum = ss.dsum.data() + do_stage * kBlockM;
       float lse_cols[kCols], dsum_cols[kCols];
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        lse_cols[c] = lse[get<1>(cS_rc(0, c))];
-        dsum_cols[c] = dsum[get<1>(cS_rc(0, c))];
-      }
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       this->pipe_q.consumer_wait(q_read);
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) lse_cols[c] = lse[get<1>(cS_rc(0, c))];
       wgmma_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), tSrS);
       this->pipe_do.consumer_wait(do_read);
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) dsum_cols[c] = dsum[get<1>(cS_rc(0, c))];
       wgmma_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), tdPrdP);
 
       Tensor s = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
@@ -145,9 +141,6 @@ struct BwdMainloopSplit : BwdConsumer<Traits, Mask> {
       }
       Tensor rdS = convert_fragment<Element>(tdPrdP);
       cute::copy(copy_c, copy_c_thr.retile_S(rdS), tdSsdS(_, _, _, buf));
-      // The barrier also publishes the next step's LSE and D (their buffer was last read before the previous
-      // step's barrier).
-      if (has_next) this->store_stat(next_stat, buf ^ 1);
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
 

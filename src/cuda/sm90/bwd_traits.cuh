@@ -136,7 +136,7 @@ struct BwdTraits {
   // the other.
   static constexpr int kSmemOneStaging = int(sizeof(Element)) * int(2 * cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> +
                                                                     cosize_v<SmemLayoutV> + cosize_v<SmemLayoutdS>) +
-                                         int(sizeof(float)) * (kConsumerWGs * kDqWgFloats + 4 * kBlockM);
+                                         int(sizeof(float)) * (kConsumerWGs * kDqWgFloats + 2 * kStages * kBlockM);
   static constexpr int kDqStages = kSmemOneStaging + kConsumerWGs * kDqWgFloats * 4 + 1024 <= 227 * 1024 ? 2 : 1;
   static constexpr int kDqStagingFloats = kDqStaged ? kConsumerWGs * kDqStages * kDqWgFloats : 4;
   static constexpr int kPtElements = kSplitHeadDim ? int(cosize_v<SmemLayoutPt>) : 8;
@@ -154,10 +154,9 @@ struct BwdTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
     cute::array_aligned<float, kDqStagingFloats, 128> dq;  // staged dQ only
-    // LSE (log2 units) and D of a step's query rows, two buffers (bwd_mainloop.cuh: the consumers load the next
-    // step's while this one runs).
-    cute::array_aligned<float, kBlockM * 2, 128> lse;
-    cute::array_aligned<float, kBlockM * 2, 128> dsum;
+    // LSE (log2 units) and D of a stage's query rows, one buffer per Q/dO stage (bwd_load.cuh: BwdStatsLoad).
+    cute::array_aligned<float, kBlockM * kStages, 128> lse;
+    cute::array_aligned<float, kBlockM * kStages, 128> dsum;
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
@@ -203,7 +202,7 @@ enum BwdBarrier : int {
   kdSReady = 0,    // both consumer warpgroups: this step's dS is in shared memory
   kDqEmpty = 1,    // one per consumer warpgroup (1, 2) with the dQ writer warp: the next staging tile may be written
   kDqFull = 3,     // one per consumer warpgroup (3, 4) with the dQ writer warp: this step's staging tile is written
-  kTails = 5,      // both consumer warpgroups: zeroed tail rows of K, Q, dO (and the first step's LSE, D) in place
+  kTails = 5,      // both consumer warpgroups: zeroed tail rows of K, Q, dO in place
   kDqOrdered = 6,  // both consumer warpgroups (split mainloop, deterministic): the dQ tile's turn, its adds issued
   kBwdBarrierCount
 };
@@ -247,6 +246,12 @@ __device__ __forceinline__ void end_turn(int* counter) {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the writes done, not only the reads (.read)
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
   count_one(counter);
+}
+
+// One arrival on the mbarrier `bar` (release: the calling thread's earlier shared-memory writes are visible to the
+// threads that wait for the phase), with a memory clobber so that the compiler keeps those writes above it.
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
 }
 
 // fp32 bulk reduce-add of `bytes` (a multiple of 16) from shared to global memory, in the calling thread's bulk
