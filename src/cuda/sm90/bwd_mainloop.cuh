@@ -195,6 +195,12 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
   using typename Base::Element;
   using typename Base::Pipeline;
   static constexpr int kDqSyncThreads = kWgThreads + cutlass::NumThreadsPerWarp;  // a warpgroup and the dQ writer
+  // Whether a warpgroup meets steps none of whose rows see its keys (run: wg_first_empty): under a causal mask at
+  // block_q 64 (head dims 72-128), a key block's first step for its second warpgroup. At block_q 128 (d64) a causal
+  // diagonal step has rows for both; without a mask only keys past the sequence do (odd lengths). There, and in the
+  // dropout kernels, those steps keep the plain path: a test of every step cost ptxas 20/16 spilled bytes in the d128
+  // kernel without a mask and 84/144 against 16/16 in the windowed dropout one (with the warpgroup index from ctid).
+  static constexpr bool kSkipsEmptySteps = !std::is_same_v<Mask, KeyLengthMask> && kBlockM < kBlockN && !kDropout;
   using Base::Base;
 
   __device__ void run(const BwdParams& p, const Block& blk, AccKV& acc_dk, AccKV& acc_dv) {
@@ -246,6 +252,18 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
     const int lane = ctid % cutlass::NumThreadsPerWarp;
     [[maybe_unused]] BwdDropoutMask<kRows, kCols> drop;  // this step's; the next one's is drawn during dQ
     if constexpr (kDropout) drop.draw(p, cS_rc, bh, n0, blk.m_lo * kBlockM, lane);
+    // Whether no row of the first step sees a key of this warpgroup's (query_rows: for a WindowMask exactly the rows
+    // that see one). Under an aligned causal mask that is the step that matters: a key block's first step takes the
+    // first rows that see any of its keys, which see the second warpgroup's from the next block of 64 rows on. Other
+    // empty steps (every step of a last key block of at most 64 keys; later ones under a window bounded on the left)
+    // keep the plain path, which masks them.
+    [[maybe_unused]] bool wg_first_empty = false;
+    if constexpr (kSkipsEmptySteps) {
+      // The warpgroup from wg0, warp-uniform as the compiler sees it: from wg the predicate stayed in a vector
+      // register across the loop and ptxas spilled 20/28 bytes in the windowed d128 kernel (0 this way).
+      const RowRange r = query_rows(blk.mask, blk.seq, n0 + wg0 / kWgThreads * Traits::kWgRows, Traits::kWgRows);
+      wg_first_empty = r.hi <= r.lo || r.lo >= (blk.m_lo + 1) * kBlockM;
+    }
 
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
       const int m0 = m * kBlockM;
@@ -254,6 +272,28 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
       const int rows_here = min(kBlockM, len_q - m0);
       const bool edge = rows_here < kBlockM || blk.mask.block_needs_mask(m0, rows_here, n0, kBlockN);
       if (varlen && rows_here < kBlockM) this->q_tails(rows_here);
+
+      // A step no row of which sees a key of this warpgroup's: P = dS = 0 there and nothing adds to dV and dK, so the
+      // warpgroup writes its zero dS for dQ and issues only dQ, leaving the tensor cores to the other warpgroup's
+      // S^T, dP^T, dV and dK. Uniform over the warpgroup (its wgmmas stay convergent); both warpgroups pass the
+      // step's named barriers once either way.
+      if constexpr (kSkipsEmptySteps) {
+        if (step == 0 && wg_first_empty) {
+          pipe_q.consumer_wait(q_read);  // (released with the stage: the other warpgroup's reads decide when it frees)
+          pipe_do.consumer_wait(do_read);
+          Tensor zero = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+          clear(zero);
+          cute::copy(copy_ds, copy_ds_thr.retile_S(convert_fragment<Element>(zero)), tdSsdS(_, _, _, buf));
+          cutlass::arch::fence_view_async_shared();
+          cutlass::arch::NamedBarrier::sync(kConsumerThreads, BwdBarrier::kdSReady);
+          Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+          wgmma_gemm<true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
+          warpgroup_wait<0>();
+          stage_dq(acc_dq, step);
+          this->release_step();
+          continue;
+        }
+      }
 
       // The LSE of this thread's columns (it arrives with Q), read before the GEMMs where registers allow (block_q
       // 64: 16 columns): read after S^T's wait, each shared load queued behind the GEMMs' operand reads and the
@@ -353,20 +393,25 @@ struct BwdMainloop : BwdConsumer<Traits, Mask> {
         if (has_next) drop.draw(p, cS_rc, bh, n0, m0 + kBlockM, lane);
       warpgroup_wait<1>();  // dV and dQ are done; dK runs on while dQ is staged
 
-      // dQ to this step's staging tile for the writer warp's bulk reduce-add (bwd_epilogue.cuh: BwdDqWriter); from
-      // the second step on, the tile is free once the writer says so.
-      float* sdq = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
-      if (step > 0) cutlass::arch::NamedBarrier::sync(kDqSyncThreads, BwdBarrier::kDqEmpty + wg);
-      static_assert(decltype(size(acc_dq))::value % 4 == 0);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 4)
-        *reinterpret_cast<float4*>(sdq + (i / 4 * kWgThreads + tid) * 4) =
-            make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::arrive(kDqSyncThreads, BwdBarrier::kDqFull + wg);
+      stage_dq(acc_dq, step);
       warpgroup_wait<0>();
       this->release_step();
     }
+  }
+
+  // dQ to this step's staging tile for the writer warp's bulk reduce-add (bwd_epilogue.cuh: BwdDqWriter); from the
+  // second step on, the tile is free once the writer says so.
+  template <class Acc>
+  __device__ void stage_dq(const Acc& acc_dq, int step) const {
+    float* sdq = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
+    if (step > 0) cutlass::arch::NamedBarrier::sync(kDqSyncThreads, BwdBarrier::kDqEmpty + wg);
+    static_assert(decltype(size(acc_dq))::value % 4 == 0);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); i += 4)
+      *reinterpret_cast<float4*>(sdq + (i / 4 * kWgThreads + tid) * 4) =
+          make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::arrive(kDqSyncThreads, BwdBarrier::kDqFull + wg);
   }
 };
 
