@@ -3,7 +3,7 @@
 # sanitizers, bf16, every forward and backward row of targets_vs_cudnn_h200.tsv), then, with the package that
 # record built, bench.py's FP8 rows (fp8_rows: #21's TFLOP/s at d64/d128/d256 beside our bf16 and cuDNN, and the
 # outlier RMSE table) into fp8.csv. Everything goes into one archive.
-# usage: FLASHATTN_COMMIT=<hash> bash bench/results/2026-12-07_h200_session53/call_record_fp8.sh OUTDIR
+# usage: FLASHATTN_COMMIT=<hash> bash bench/results/2026-12-07_h100_session53/call_record_fp8.sh OUTDIR
 # REC_BUDGET: run.sh's budget in seconds (default 520). The table so far is copied to OUTDIR every 10 s, so that a
 # call stopped at its limit still returns it.
 set -uo pipefail
