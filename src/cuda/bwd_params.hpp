@@ -37,6 +37,11 @@ struct BwdParams : FwdParams {
   // zeroed by the preprocess: how many key blocks have added into the tile so far. The CTA of key block n adds its
   // part of a tile once the higher key blocks that meet the tile have (last_key_block in bwd_common.cuh), then
   // counts itself, so the fp32 sums are formed in one order on every run.
+  // dq_first_stores (the sm90 kernels that stage dQ, bwd_epilogue.cuh: BwdDqWriter): the first add into each dQ tile
+  // is a plain store, so the preprocess does not zero dq_acc (a write of the whole accumulator, as long as reading
+  // O and dO at d128). The first is turn 0 in deterministic mode (dq_order), otherwise the CTA that claims the tile:
+  // dq_claim, one int per tile (as dq_order), zeroed by the preprocess: 0 untouched, 1 claimed, 2 stored. The dQ
+  // postprocess writes zeros for a tile nobody stored (rows no key block meets).
   // dk_acc/dv_acc: per query head dK/dV for GQA (null when heads_q == heads_kv), reduced over each group in a
   // fixed order afterwards.
   float* dsum = nullptr;
@@ -50,6 +55,8 @@ struct BwdParams : FwdParams {
   bool deterministic = false;
   bool dq_ordered = false;
   int* dq_order = nullptr;
+  bool dq_first_stores = false;
+  int* dq_claim = nullptr;
   float* dsinks = nullptr;  // the sinks' gradient (sink_grad.cu), optional
   int tail_pairs = 0;       // sm90: the last (head, batch) pairs whose CTAs run key block major (sm90/bwd_order.hpp)
 };
@@ -62,8 +69,8 @@ cudaError_t launch_sink_grad(const BwdParams& params, cudaStream_t stream);
 constexpr int64_t kWorkspaceAlign = 64;
 inline int64_t workspace_round(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 struct BwdWorkspace {
-  int64_t dsum = 0, dq_acc = 0, dq_order = 0, dk_acc = 0, dv_acc = 0;  // dq_order: 4-byte ints, counted as floats
-  int64_t total() const { return dsum + dq_acc + dq_order + dk_acc + dv_acc; }
+  int64_t dsum = 0, dq_acc = 0, dq_order = 0, dq_claim = 0, dk_acc = 0, dv_acc = 0;        // dq_order, dq_claim: 4-byte
+  int64_t total() const { return dsum + dq_acc + dq_order + dq_claim + dk_acc + dv_acc; }  // ints, counted as floats
 };
 inline int64_t dsum_stride(int64_t rows_q) { return (rows_q + 3) / 4 * 4; }
 inline BwdWorkspace bwd_workspace(const BwdParams& p) {
@@ -72,6 +79,7 @@ inline BwdWorkspace bwd_workspace(const BwdParams& p) {
   w.dq_acc = workspace_round(int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile);
   static_assert(sizeof(int) == sizeof(float));
   if (p.dq_ordered) w.dq_order = workspace_round(int64_t(p.heads_q) * p.dq_blocks);
+  if (p.dq_first_stores && !p.dq_ordered) w.dq_claim = workspace_round(int64_t(p.heads_q) * p.dq_blocks);
   if (p.group > 1) {
     w.dk_acc = workspace_round(int64_t(p.heads_q) * p.rows_k * p.head_dim);
     w.dv_acc = workspace_round(int64_t(p.heads_q) * p.rows_k * p.head_dim_v);

@@ -126,6 +126,7 @@ BwdParams make_bwd_params(const detail::Problem& p, const BwdPlan& plan) {
   k.dsum_stride = dsum_stride(k.rows_q);
   k.deterministic = plan.deterministic;
   k.dq_ordered = plan.dq_ordered;
+  k.dq_first_stores = plan.dq_first_stores;
   k.dq_tile = plan.dq_tile;
   k.dq_blocks = plan.dq_blocks;
   k.dq_splits = plan.dq_splits;
@@ -153,6 +154,7 @@ detail::Error run_backward_in_workspace(const detail::Problem& p, const BwdPlan&
   params.dsum = section(ws.dsum);
   params.dq_acc = section(ws.dq_acc);
   params.dq_order = reinterpret_cast<int*>(section(ws.dq_order));
+  params.dq_claim = reinterpret_cast<int*>(section(ws.dq_claim));
   params.dk_acc = section(ws.dk_acc);
   params.dv_acc = section(ws.dv_acc);
   params.dsinks = p.dsinks;

@@ -1,6 +1,7 @@
 // The planner: every dispatch decision of a CUDA call, made once from the validated Problem (see plan.hpp).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -341,6 +342,7 @@ void bwd_geometry(const detail::Problem& p, BwdPlan& b) {
   geometry.dsum_stride = dsum_stride(rows_q);
   geometry.dq_splits = b.dq_splits;
   geometry.dq_ordered = b.dq_ordered;
+  geometry.dq_first_stores = b.dq_first_stores;
   geometry.dq_blocks = b.dq_blocks;
   geometry.dq_tile = b.dq_tile;
   b.workspace_bytes = bwd_workspace(geometry).total() * int64_t(sizeof(float));
@@ -383,6 +385,15 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
       b.block_k = tiles.block_k;
       b.dq_splits = 1;
       b.dq_ordered = b.deterministic;
+      // The kernels whose dQ writer warp stages dQ (bwd_traits.cuh: kDqStaged) store each tile's first add, so the
+      // preprocess need not zero the accumulator.
+      b.dq_first_stores = !tiles.split_head_dim;
+#ifdef FLASHATTN_SM90_ABLATIONS
+      // Ablation builds: FLASHATTN_SM90_DQ_ZEROED=1 zeroes it and adds throughout (read at every call: both in one
+      // process).
+      if (const char* v = std::getenv("FLASHATTN_SM90_DQ_ZEROED"); v != nullptr && std::strcmp(v, "1") == 0)
+        b.dq_first_stores = false;
+#endif
       // About two waves of CTAs at the grid's end in key-block-major order where bwd_tail_pairs
       // (sm90/bwd_order.hpp) takes one: a causal-like mask, not deterministic.
       DeviceInfo dev;

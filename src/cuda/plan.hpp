@@ -86,8 +86,9 @@ struct BwdPlan {
   int instance = -1;
   int head_dim = 0;
   Variant variant;
-  bool deterministic = false;  // dQ in ordered splits instead of atomics
-  bool dq_ordered = false;     // sm90 deterministic: each dQ tile's adds in descending key-block order
+  bool deterministic = false;    // dQ in ordered splits instead of atomics
+  bool dq_ordered = false;       // sm90 deterministic: each dQ tile's adds in descending key-block order
+  bool dq_first_stores = false;  // sm90 staged dQ: a tile's first add stores; the accumulator is not zeroed
   int block_q = 0, block_k = 0;
   int dq_splits = 1;
   int64_t dq_blocks = 0, dq_tile = 0;  // dQ accumulator geometry (sm80/bwd_params.hpp)

@@ -98,8 +98,9 @@ __device__ inline int64_t global_row_offset(bool varlen, int64_t g, int64_t seql
 }
 
 // D = rowsum(dO * O) in fp32 for every (query head, global row), kPreRowThreads threads per row reading 16-byte
-// vectors; the same threads zero the fp32 dQ workspace (dq_floats of it), as FA2 does, instead of a memset
-// behind the kernel, and the dQ tiles' order counters where there are any (dq_order). One warp per row with 4-byte
+// vectors; the same threads zero the fp32 dQ workspace (dq_floats of it: none where a tile's first add stores,
+// dq_first_stores), as FA2 does, instead of a memset behind the kernel, and the dQ tiles' order counters or claims
+// where there are any (dq_order, dq_claim). One warp per row with 4-byte
 // loads, plus the memset, took 170 us where FA2 takes 73 at d64 and 16k tokens (H200,
 // bench/results/2026-11-30_sm80_tiles/run5_profile_bwd.txt).
 constexpr int kPreRowThreads = 8;
@@ -113,8 +114,9 @@ __global__ void __launch_bounds__(kAuxThreads) preprocess_kernel(const BwdParams
   float4* dq4 = reinterpret_cast<float4*>(p.dq_acc);  // 16-byte aligned workspace section
   for (int64_t i = t; i < dq_floats / 4; i += threads) dq4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (t < dq_floats % 4) p.dq_acc[dq_floats / 4 * 4 + t] = 0.f;
-  if (p.dq_order != nullptr)
-    for (int64_t i = t; i < int64_t(p.heads_q) * p.dq_blocks; i += threads) p.dq_order[i] = 0;
+  for (int* tiles : {p.dq_order, p.dq_claim})
+    if (tiles != nullptr)
+      for (int64_t i = t; i < int64_t(p.heads_q) * p.dq_blocks; i += threads) tiles[i] = 0;
 
   const int64_t w = t / kPreRowThreads;
   const int sub = int(t % kPreRowThreads);
@@ -180,11 +182,11 @@ __global__ void __launch_bounds__(kAuxThreads) dkdv_reduce_kernel(const BwdParam
 
 inline unsigned aux_blocks(int64_t threads) { return unsigned((threads + kAuxThreads - 1) / kAuxThreads); }
 
-// D and the zeroed dQ workspace (its dq_splits * heads_q * dq_blocks * dq_tile floats).
+// D and the zeroed dQ workspace (its dq_splits * heads_q * dq_blocks * dq_tile floats; none with dq_first_stores).
 template <fa_dtype kDtype>
 cudaError_t launch_preprocess(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.heads_q) * p.rows_q;
-  const int64_t dq_floats = int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile;
+  const int64_t dq_floats = p.dq_first_stores ? 0 : int64_t(p.dq_splits) * p.heads_q * p.dq_blocks * p.dq_tile;
   if (rows == 0 && dq_floats == 0) return cudaSuccess;
   preprocess_kernel<kDtype>
       <<<aux_blocks(std::max<int64_t>(rows * kPreRowThreads, 1)), kAuxThreads, 0, stream>>>(p, dq_floats);

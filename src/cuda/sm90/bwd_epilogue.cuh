@@ -153,6 +153,9 @@ struct BwdEpilogue {
 // Deterministic mode (dq_order): before a tile's adds it waits for its turn among the key blocks that meet the tile
 // (descending, last_key_block), and after them for their completion before it counts itself. The kernel launches
 // higher key blocks first in this mode (bwd_kernel.cuh), so every CTA waited for is resident or done.
+// A tile's first adds are stores (dq_first_stores: the preprocess does not zero the accumulator): turn 0's in
+// deterministic mode; otherwise the writer claims the tile (claim_tile) before waiting for its staging tiles, and
+// either stores and publishes once the stores are complete, or waits for the claimer's publication and adds.
 template <class Traits>
 struct BwdDqWriter {
   static constexpr int kBlockM = Traits::kBlockM, kConsumerWGs = Traits::kConsumerWGs;
@@ -163,23 +166,39 @@ struct BwdDqWriter {
     const bool leader = cute::elect_one_sync();
     float* dq_base = dq_workspace_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
     int* order = dq_order_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
+    int* claim = dq_claim_tiles(p, blk.head, blk.batch, blk.seq.q_row0, kBlockM);
     for (int m = blk.m_lo, step = 0; m < blk.m_hi; ++m, ++step) {
+      bool store = false;  // (the leader's) this CTA's adds are the tile's first
       if (order != nullptr) {
-        if (leader) wait_for_turn(order + m, blk.dq_turn(m));
+        const int turn = blk.dq_turn(m);
+        if (leader) wait_for_turn(order + m, turn);
+        store = p.dq_first_stores && turn == 0;
         __syncwarp();  // converged for the aligned barriers below
+      } else if (claim != nullptr) {
+        if (leader) {
+          store = claim_tile(claim + m);
+          if (!store) wait_for_turn(claim + m, 2);
+        }
+        __syncwarp();
       }
       CUTE_UNROLL
       for (int wg = 0; wg < kConsumerWGs; ++wg) {
         cutlass::arch::NamedBarrier::sync(kSyncThreads, BwdBarrier::kDqFull + wg);
-        if (leader)
-          bulk_reduce_add_f32(dq_base + int64_t(m) * p.dq_tile + wg * Traits::kDqWgFloats,
-                              ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats,
-                              Traits::kDqWgFloats * int(sizeof(float)));
+        if (leader) {
+          float* dst = dq_base + int64_t(m) * p.dq_tile + wg * Traits::kDqWgFloats;
+          const float* src = ss.dq.data() + (wg * Traits::kDqStages + step % Traits::kDqStages) * Traits::kDqWgFloats;
+          if (store)
+            bulk_store_f32(dst, src, Traits::kDqWgFloats * int(sizeof(float)));
+          else
+            bulk_reduce_add_f32(dst, src, Traits::kDqWgFloats * int(sizeof(float)));
+        }
       }
       if (leader) {
         tma_store_arrive();
         if (order != nullptr)
           end_turn(order + m);
+        else if (store)
+          publish_tile(claim + m);
         else
           tma_store_wait<Traits::kDqStages - 1>();
       }
@@ -198,8 +217,9 @@ struct BwdDqWriter {
 // dQ postprocess: one CTA (the consumers' 256 threads, each reading back the elements its dQ MMA slice held in
 // the main kernel, in the staging order of bwd_mainloop.cuh: coalesced 16-byte loads) per (query block, head,
 // batch): times the softmax scale, converted, then through a padded shared tile so that dQ leaves in 16-byte row
-// chunks. (Stored straight from the MMA layout, each 4-byte store of a warp spans 8 rows: half of every 32-byte
-// sector it touches; this kernel then ran at about half the copy bandwidth.)
+// chunks. With dq_first_stores a tile no key block stored (its rows see no key) is zero. (Stored straight from the MMA
+// layout, each 4-byte store of a warp spans 8 rows: half of every 32-byte sector it touches; this kernel then ran at
+// about half the copy bandwidth.)
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename Traits::Element;
@@ -218,10 +238,14 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads) dq_convert_kernel(co
   Tensor cQ = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   const float* src = dq_workspace_tiles(p, head, batch, seq.q_row0, kBlockM) + int64_t(m_block) * p.dq_tile +
                      ctid / kWgThreads * Traits::kDqWgFloats;
+  const int* state = p.dq_ordered ? dq_order_tiles(p, head, batch, seq.q_row0, kBlockM)
+                                  : dq_claim_tiles(p, head, batch, seq.q_row0, kBlockM);
+  const bool stored = !p.dq_first_stores || state[m_block] != 0;
   static_assert(decltype(size(acc))::value % 4 == 0);
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(src + (i / 4 * kWgThreads + ctid % kWgThreads) * 4);
+    const float4 v = stored ? *reinterpret_cast<const float4*>(src + (i / 4 * kWgThreads + ctid % kWgThreads) * 4)
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
     acc(i) = v.x * p.scale;
     acc(i + 1) = v.y * p.scale;
     acc(i + 2) = v.z * p.scale;

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   // Otherwise the launch order, but key block major over the grid's last tail_pairs (head, batch) pairs under a causal
   // mask (bwd_order.hpp).
   const BwdCta cta = bwd_cta(int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), int(gridDim.x), int(gridDim.y),
-                             int(gridDim.z), p.tail_pairs, p.dq_order != nullptr);
+                             int(gridDim.z), p.tail_pairs, p.dq_ordered);
   const BwdBlock<Traits, Mask> blk(p, cta.n_block, cta.head, cta.batch);
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();

@@ -224,6 +224,10 @@ __device__ __forceinline__ float* dq_workspace_tiles(const BwdParams& p, int hea
 __device__ __forceinline__ int* dq_order_tiles(const BwdParams& p, int head, int batch, int64_t q_row0, int block_q) {
   return p.dq_order == nullptr ? nullptr : p.dq_order + dq_tile_index(p, head, batch, q_row0, block_q);
 }
+// Their claims (dq_first_stores outside deterministic mode), null otherwise.
+__device__ __forceinline__ int* dq_claim_tiles(const BwdParams& p, int head, int batch, int64_t q_row0, int block_q) {
+  return p.dq_claim == nullptr ? nullptr : p.dq_claim + dq_tile_index(p, head, batch, q_row0, block_q);
+}
 
 // The ordered dQ adds (dq_ordered): a tile's counter says how many key blocks have added into it. wait_for_count
 // (acquire) and count_one (release) order generic-proxy adds (red.global); wait_for_turn and end_turn the dQ
@@ -242,10 +246,23 @@ __device__ __forceinline__ void wait_for_turn(const int* counter, int count) {
   wait_for_count(counter, count);
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
-__device__ __forceinline__ void end_turn(int* counter) {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the writes done, not only the reads (.read)
+// The calling thread's bulk writes complete (not only their reads, .read) and ordered before its next release.
+__device__ __forceinline__ void bulk_writes_done() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void end_turn(int* counter) {
+  bulk_writes_done();
   count_one(counter);
+}
+
+// A dQ tile's claim (dq_claim): 0 -> 1 by the first CTA to ask, whose adds store instead (dq_first_stores); the
+// others wait for its publish_tile (2, wait_for_turn) before their reduce-adds. No CTA waits for one that has not
+// claimed: the claimer is running and publishes once its own consumers have staged the tile.
+__device__ __forceinline__ bool claim_tile(int* claim) { return atomicCAS(claim, 0, 1) == 0; }
+__device__ __forceinline__ void publish_tile(int* claim) {
+  bulk_writes_done();
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(claim), "r"(2) : "memory");
 }
 
 // One arrival on the mbarrier `bar` (release: the calling thread's earlier shared-memory writes are visible to the
@@ -260,6 +277,12 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* sm
   const unsigned src = unsigned(__cvta_generic_to_shared(smem));
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(src),
                "r"(bytes)
+               : "memory");
+}
+// The same as a plain copy (a dQ tile's first add, dq_first_stores).
+__device__ __forceinline__ void bulk_store_f32(float* gmem, const float* smem, int bytes) {
+  const unsigned src = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(src), "r"(bytes)
                : "memory");
 }
 
