@@ -386,7 +386,8 @@ detail::Error plan_backward(const detail::Problem& p, const fa_exec& exec, Famil
       b.dq_splits = 1;
       b.dq_ordered = b.deterministic;
       // The kernels whose dQ writer warp stages dQ (bwd_traits.cuh: kDqStaged) store each tile's first add, so the
-      // preprocess need not zero the accumulator.
+      // preprocess need not zero the accumulator: +6-24 % at 512-1k tokens, most under a causal mask (H100, bf16,
+      // bench/results/2026-12-07_h100_session55/dq_zeroed_ab.csv).
       b.dq_first_stores = !tiles.split_head_dim;
 #ifdef FLASHATTN_SM90_ABLATIONS
       // Ablation builds: FLASHATTN_SM90_DQ_ZEROED=1 zeroes it and adds throughout (read at every call: both in one
