@@ -9,14 +9,15 @@
 # for each: the sm90 backward suites (OUTDIR/X_gtest.log), fwd_env_ab.py --bwd with the patch ("") and the zeroed
 # accumulator (FLASHATTN_SM90_DQ_ZEROED=1) in one process beside cuDNN, bf16 16k tokens, d256, 512/1k/4k, causal and
 # not (OUTDIR/X_ab.csv), and memcheck + racecheck on the d200/d256 sanitizer cases.
-# usage: bash bench/results/2026-12-07_session55/call_d256_two_patches.sh OUTDIR   (carry .whl; about 7-8 minutes)
+# usage: [ONLY="B"] bash bench/results/2026-12-07_session55/call_d256_two_patches.sh OUTDIR   (carry .whl; about 7-8
+# minutes for both; ONLY: the patches to run, default "A B")
 set -uo pipefail
 OUT=$1
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 declare -A P=([A]=bwd_dq_first_store_split [B]=bwd_dq_zero_ahead_split)
-for x in A B; do
+for x in ${ONLY:-A B}; do
   DEV_BWD_WORK=/tmp/d256$x WITH_PATCH_DIR=/tmp/patched$x DEV_HDIMS=256 DEV_BWD_BENCH=0 \
     DEV_CMAKE_ARGS="-DFLASHATTN_SM90_ABLATIONS=ON -DFLASHATTN_SM90_ABLATION_VARIANTS=none" \
     bash "$REPO/bench/gpu/dev/with_patch.sh" "docs/journal/patches/${P[$x]}.patch" bench/gpu/dev/sm90_bwd_loop.sh \
@@ -24,7 +25,7 @@ for x in A B; do
 done
 wait
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for x in A B; do
+for x in ${ONLY:-A B}; do
   echo "== $x ${P[$x]}"; tail -3 "$OUT/${x}_build.txt"
   BIN=$(find /tmp/d256$x/build -name flashattn_gpu_tests -type f | head -1)
   [[ -n $BIN ]] || { echo "no test binary"; continue; }
@@ -33,7 +34,7 @@ for x in A B; do
   PYTHONPATH=/tmp/d256$x/pyroot timeout 100 python3 "$REPO/bench/gpu/dev/fwd_env_ab.py" --bwd \
     --env FLASHATTN_SM90_DQ_ZEROED --values ,1 --hdims 256 --seqlens 512,1024,4096 --csv "$OUT/${x}_ab.csv" 2>&1 | tail -8
 done
-for x in A B; do
+for x in ${ONLY:-A B}; do
   BIN=$(find /tmp/d256$x/build -name flashattn_gpu_tests -type f | head -1)
   for tool in memcheck racecheck; do
     timeout 45 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter='Sanitizer*sm90*_d2*' \
