@@ -94,9 +94,7 @@ detail::Error forward(const detail::Problem& p, const fa_exec& exec) {
   if (detail::Error e = check_device_pointer("block_table", p.block_table, p.device_index); !e.ok()) return e;
   const auto stream = static_cast<cudaStream_t>(exec.stream);
   Workspace ws;
-  if (detail::Error e = ws.acquire(p.device_index, stream, size_t(plan.workspace_bytes),
-                                   plan.schedule == Schedule::kPersistentDynamic);
-      !e.ok())
+  if (detail::Error e = ws.acquire(p.device_index, stream, size_t(plan.workspace_bytes), plan.counter_ints); !e.ok())
     return e;
   const detail::Error launched = run_forward_plan(p, plan, static_cast<char*>(ws.data()), ws.counter(), stream);
   const detail::Error released = ws.release();

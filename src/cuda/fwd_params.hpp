@@ -74,6 +74,9 @@ struct FwdParams {
   float* lse_partial = nullptr;  // [split][head][row]
   float* o_partial = nullptr;    // [split][head][row][head_dim_v]
   int64_t partial_rows = 0;      // rows of the partials: batch * seqlen_q (batched) or total_q (varlen)
+  // The merge fused into the sm90 forward (plan.fused_combine): one arrival counter per tile, zero at the launch and
+  // left at zero; the tile's last arriving warpgroup merges its rows (sm90/fwd_epilogue.cuh). Null: the combine kernel.
+  int* merge_counter = nullptr;
 
   // FP8 (sm90): the inputs' dequantisation factors (detail::Descale: factor of head h of batch entry b at
   // b * batch + (h / head_div) * head; null: 1), and V transposed into the plan's workspace by the launch

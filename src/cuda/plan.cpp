@@ -134,6 +134,9 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
 // keeps at least kMinSplitBlocks key blocks, so that the partials' fp32 traffic stays small against the K/V a
 // split reads. `requested`: exec.num_splits (0: decide here; n: at most n).
 constexpr int kMaxSplits = FwdParams::kMaxKvSplits;
+// The most rows a tile may have for its splits to be merged in the forward (FwdPlan::fused_combine): two per warp of
+// the merging warpgroup.
+constexpr int64_t kFusedCombineRows = 8;
 constexpr int64_t kMinSplitBlocks = 4;
 int kv_splits(const detail::Problem& p, const FwdPlan& f, int requested, int sms) {
   if (requested == 1 || f.tiles == 0) return 1;
@@ -223,11 +226,28 @@ detail::Error plan_sm90(const detail::Problem& p, const fa_exec& exec, Instance 
     f.paged = p.page_size % f.block_k == 0            ? PagedLoad::kTmaBlocks
               : p.page_size % sm90::kPageBoxRows == 0 ? PagedLoad::kTmaRows
                                                       : PagedLoad::kRows;
-  // The dynamic schedule's tile counter: the workspace's first int serves captured calls (zeroed by their launch);
-  // eager calls take the per-stream counter instead (Workspace), which needs no memset.
-  f.workspace_bytes = f.schedule == Schedule::kPersistentDynamic ? int64_t(sizeof(int)) : 0;
+  // Split-KV's merge: in the forward itself, by the last warpgroup to store a tile's partials, where the decode
+  // entry's tile has few rows (a group's query heads at one position), so that a warp of that warpgroup merges one or
+  // two rows, and where every (tile, split) has a CTA of its own; the combine kernel otherwise, one warp per row over
+  // the whole GPU. The fused merge saves the combine's launch and the kernel boundary: H100 decode, GQA 32/8 d128,
+  // the plan's splits: 8 x 16k 1.5 % faster a call, 1 x 64k 2.2 us less kernel time. Each arrival costs its
+  // warpgroup a fence and an atomic's round trip, so CTAs that walk several splits (explicit counts beyond the CTA
+  // slots) lost 12-92 % with it (32 splits at 8 x 16k to 128 x 4k; bench/results/2026-12-07_h100_session56/).
+  f.fused_combine = f.num_splits > 1 && f.tiles_entry == sm90::FwdEntry::kDecode && tile_rows <= kFusedCombineRows &&
+                    f.tiles * f.num_splits <= slots;
+#ifdef FLASHATTN_SM90_ABLATIONS
+  // Ablation builds: FLASHATTN_SM90_COMBINE_KERNEL=1 keeps the combine kernel (read at every call: both in one
+  // process).
+  if (const char* v = std::getenv("FLASHATTN_SM90_COMBINE_KERNEL"); v != nullptr && std::strcmp(v, "1") == 0)
+    f.fused_combine = false;
+#endif
+  // Counters (FwdPlan::counter_ints): the workspace's first ints serve captured calls (zeroed by their launch); eager
+  // calls take the per-stream counters instead (Workspace), which need no memset.
+  f.counter_ints = f.fused_combine ? 1 + f.tiles : f.schedule == Schedule::kPersistentDynamic ? 1 : 0;
+  f.workspace_bytes = f.counter_ints * int64_t(sizeof(int));
   if (f.num_splits > 1) {
-    f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v);
+    f.split = split_workspace(f.num_splits, p.heads_q, p.varlen ? p.total_q : p.batch * p.seqlen_q, p.head_dim_v,
+                              f.counter_ints);
     f.workspace_bytes = f.split.bytes;
   }
   // FP8: the P.V wgmma reads V K-major (keys contiguous), so the launch first writes V transposed after the rest

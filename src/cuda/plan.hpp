@@ -4,6 +4,7 @@
 // is what runs. Plain data: device code (the launch headers of each family) includes it too.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/sm90/tiles.hpp"
@@ -35,12 +36,14 @@ struct SplitWorkspace {
   static constexpr int64_t kAlign = 256;
   int64_t lse_offset = 0, o_offset = 0, bytes = 0;
 };
-inline SplitWorkspace split_workspace(int splits, int64_t heads, int64_t rows, int64_t head_dim_v) {
+// `counter_ints`: the counters at the workspace's start (captured calls; FwdPlan::counter_ints).
+inline SplitWorkspace split_workspace(int splits, int64_t heads, int64_t rows, int64_t head_dim_v,
+                                      int64_t counter_ints) {
   auto round_up = [](int64_t x) {
     return (x + SplitWorkspace::kAlign - 1) / SplitWorkspace::kAlign * SplitWorkspace::kAlign;
   };
   SplitWorkspace w;
-  w.lse_offset = SplitWorkspace::kAlign;  // the tile counter's slot (captured calls)
+  w.lse_offset = round_up(std::max<int64_t>(counter_ints, 1) * 4);
   w.o_offset = w.lse_offset + round_up(int64_t(splits) * heads * rows * 4);
   w.bytes = w.o_offset + round_up(int64_t(splits) * heads * rows * head_dim_v * 4);
   return w;
@@ -68,12 +71,17 @@ struct FwdPlan {
   int warps = 0;   // sm80: warps per CTA; sm90: consumer warpgroups
   int stages = 0;  // sm90: K/V pipeline depth
   Schedule schedule = Schedule::kPerTile;
-  int64_t m_blocks = 0;   // query blocks per (batch, head); packed: of (position, head) rows per KV head
-  int64_t tiles = 0;      // (query block, head, batch) tiles; packed: heads are KV heads
-  int grid = 0;           // CTAs launched (persistent: min(tiles, SMs))
-  int section_heads = 1;  // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
-  int num_splits = 1;     // sm90 split-KV: key-block ranges per tile, merged by the combine kernel (1: none)
-  SplitWorkspace split;   // num_splits > 1: where the partials live in the workspace
+  int64_t m_blocks = 0;        // query blocks per (batch, head); packed: of (position, head) rows per KV head
+  int64_t tiles = 0;           // (query block, head, batch) tiles; packed: heads are KV heads
+  int grid = 0;                // CTAs launched (persistent: min(tiles, SMs))
+  int section_heads = 1;       // sm90 longest-first order within sections of (batch, head) pairs whose K/V fit L2
+  int num_splits = 1;          // sm90 split-KV: key-block ranges per tile (1: none), merged by the combine kernel
+  bool fused_combine = false;  //   or by each tile's last arriving warpgroup in the forward itself
+  SplitWorkspace split;        // num_splits > 1: where the partials live in the workspace
+  // sm90: ints of zeroed counters the launch needs: [0] the dynamic schedule's tile counter, [1, 1 + tiles) the
+  // fused combine's arrivals. Eager calls take the per-stream counters (Workspace), which kernels leave at zero;
+  // otherwise they are the workspace's first ints, zeroed by the launch.
+  int64_t counter_ints = 0;
   PagedLoad paged = PagedLoad::kNone;
   int64_t gather_bytes = 0;     // kGather: bytes of the K and V copies at the workspace's start (kernel's after)
   int64_t v_t_offset = 0;       // FP8 (sm90): where V transposed lives in the workspace (FwdParams::v_t)

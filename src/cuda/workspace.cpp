@@ -1,5 +1,6 @@
 #include "cuda/workspace.hpp"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -13,9 +14,11 @@ namespace {
 struct Cached {
   void* data = nullptr;
   size_t bytes = 0;
-  int* counter = nullptr;  // the tile counter (workspace.hpp), allocated at the first call that wants it
+  int* counter = nullptr;  // the counters (workspace.hpp), allocated at the first call that wants them
+  int64_t counter_ints = 0;
 };
-constexpr size_t kMinBytes = 256;  // the smallest buffer kept: a tile counter needs 4 bytes, split-KV more
+constexpr size_t kMinBytes = 256;        // the smallest buffer kept: a tile counter needs 4 bytes, split-KV more
+constexpr int64_t kMinCounterInts = 64;  // the fewest counters kept: a tile counter and most decode calls' arrivals
 
 std::mutex g_mutex;
 std::map<std::pair<int, cudaStream_t>, Cached>& cache() {
@@ -27,7 +30,8 @@ std::map<std::pair<int, cudaStream_t>, Cached>& cache() {
 
 Workspace::~Workspace() { release(); }
 
-detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes, bool counter) {
+detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes, int64_t counter_ints) {
+  const bool counter = counter_ints > 0;
   data_ = nullptr;
   counter_ = nullptr;
   stream_ = stream;
@@ -48,15 +52,24 @@ detail::Error Workspace::acquire(int device, cudaStream_t stream, size_t bytes, 
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   Cached& c = cache()[{device, stream}];
-  if (counter && c.counter == nullptr) {
+  if (counter && c.counter_ints < counter_ints) {
+    // The old counters are zero (every kernel that took them left them so) and the stream orders their last use
+    // before the free.
+    if (c.counter != nullptr) {
+      if (cudaError_t e = cudaFreeAsync(c.counter, stream); e != cudaSuccess)
+        return runtime_error("counters (cudaFreeAsync)", e);
+      c.counter = nullptr, c.counter_ints = 0;
+    }
+    const int64_t want = std::max<int64_t>(counter_ints, kMinCounterInts);
     void* p = nullptr;
-    if (cudaError_t e = cudaMallocAsync(&p, sizeof(int), stream); e != cudaSuccess)
-      return runtime_error("tile counter (cudaMallocAsync)", e);
-    if (cudaError_t e = cudaMemsetAsync(p, 0, sizeof(int), stream); e != cudaSuccess) {
+    if (cudaError_t e = cudaMallocAsync(&p, size_t(want) * sizeof(int), stream); e != cudaSuccess)
+      return runtime_error("counters (cudaMallocAsync)", e);
+    if (cudaError_t e = cudaMemsetAsync(p, 0, size_t(want) * sizeof(int), stream); e != cudaSuccess) {
       cudaFreeAsync(p, stream);
-      return runtime_error("tile counter (cudaMemsetAsync)", e);
+      return runtime_error("counters (cudaMemsetAsync)", e);
     }
     c.counter = static_cast<int*>(p);
+    c.counter_ints = want;
   }
   if (counter) counter_ = c.counter;
   if (c.bytes < bytes) {

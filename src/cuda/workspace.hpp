@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
@@ -13,11 +14,13 @@ namespace flashattn::cuda {
 // replaced (the old one freed in stream order) when a call needs more. Calls captured into a CUDA graph get a
 // buffer of the graph's own (cudaMallocAsync / cudaFreeAsync become the graph's memory nodes), so a replay never
 // shares memory with eager calls or other graphs, whatever stream it is replayed on.
-// Eager calls of the sm90 forward's dynamic schedule also get a tile counter cached per (device, stream): an int
-// zeroed once when it is allocated and that every kernel taking it leaves at zero (sm90/tile_scheduler.cuh), so
-// such a call needs no memset. Nothing else writes it (the buffer above holds other calls' data at any offset).
-// Captured calls get none: a graph-owned workspace holds no value from one replay to the next, and two graphs
-// replayed on different streams would share a cached counter; their launch zeroes the workspace's first int.
+// Eager calls of the sm90 forward that need counters (its dynamic schedule's tile counter, the fused split-KV
+// merge's arrivals: FwdPlan::counter_ints) also get them cached per (device, stream): ints zeroed once when they are
+// allocated (again when a call needs more) and that every kernel taking them leaves at zero
+// (sm90/tile_scheduler.cuh, sm90/fwd_epilogue.cuh), so such a call needs no memset. Nothing else writes them (the
+// buffer above holds other calls' data at any offset). Captured calls get none: a graph-owned workspace holds no
+// value from one replay to the next, and two graphs replayed on different streams would share cached counters;
+// their launch zeroes the workspace's first ints.
 // Calls on cudaStreamPerThread (one handle, a stream per host thread) get an uncached buffer and no counter, as
 // captured ones do.
 class Workspace {
@@ -26,8 +29,9 @@ class Workspace {
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
   ~Workspace();
-  // `counter`: the call also wants the per-stream tile counter (eager calls only; counter() stays null otherwise).
-  detail::Error acquire(int device, cudaStream_t stream, size_t bytes, bool counter = false);
+  // `counter_ints`: the call also wants that many per-stream counters (eager calls only; counter() stays null
+  // otherwise).
+  detail::Error acquire(int device, cudaStream_t stream, size_t bytes, int64_t counter_ints = 0);
   void* data() const { return data_; }
   int* counter() const { return counter_; }
   // Frees a graph-owned buffer after the launch (stream-ordered); cached buffers stay.

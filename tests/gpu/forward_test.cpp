@@ -392,6 +392,21 @@ std::vector<Case> forward_cases() {
     v.lens_q = {1, 5, 130, 0}; v.lens_k = {1000, 1, 900, 9};
     v.name = "split4_varlen_causal"; add(v);
     v.name = "split4_varlen_dv64"; v.causal = false; v.dv = 64; add(v);
+    // Decode tiles of at most 8 rows merge in the forward (plan.fused_combine; the last warpgroup of a tile's splits
+    // to store merges): rows 1-2 a warp, varlen (an empty sequence, one key), seqused_k (none, a NaN tail),
+    // sinks, d64; more (tile, split) pairs than CTA slots take the combine kernel again.
+    Case f; f.batch = 2, f.sq = 1, f.sk = 3000, f.hq = 8, f.hkv = 2, f.d = f.dv = 128;
+    f.name = "fused_merge_decode_4_rows"; add(f);
+    f.name = "fused_merge_decode_6_rows_causal"; f.sq = 3; f.hq = 4; f.causal = true; add(f);
+    f.name = "fused_merge_decode_8_rows_sinks"; f.sq = 1; f.hq = 16; f.causal = false; f.sinks = true; add(f);
+    f.name = "fused_merge_decode_d64_split5"; f.sinks = false; f.hq = 8; f.d = f.dv = 64; f.num_splits = 5; add(f);
+    f.name = "fused_merge_decode_seqused_k_nan_tail"; f.d = f.dv = 128; f.num_splits = 0; f.batch = 3;
+    f.seqused_k = {0, 700, 2999}; f.nan_past_used = true; add(f);
+    Case fv; fv.hq = 8, fv.hkv = 2, fv.d = fv.dv = 128; fv.num_splits = 4;
+    fv.lens_q = {1, 0, 2, 1}; fv.lens_k = {1500, 9, 900, 1};
+    fv.name = "fused_merge_varlen_decode"; add(fv);
+    Case fm; fm.batch = 100, fm.sq = 1, fm.sk = 600, fm.hq = 8, fm.hkv = 2, fm.d = fm.dv = 128; fm.num_splits = 3;
+    fm.name = "split3_decode_more_than_slots"; add(fm);
   }
   {  // learnable sinks: in the softmax's finish (both families), in the combine under split-KV, per row of a
      // packed tile (rows of several heads); rows with no visible key get lse = sink
@@ -835,48 +850,56 @@ TEST(Sm80Validation, Sm90TileShapeReported) {
   EXPECT_EQ(bk, fwd_tiles(64, FwdEntry::kWindowed).block_k);
 }
 
-// The causal sm90 forward hands out tiles from a tile counter kept per stream at zero between launches: each launch
-// returns it to zero (sm90/tile_scheduler.cuh), and captured launches zero their own first. A launch that found it
-// off zero would skip tiles and leave their rows as the NaN poison. Two shapes (4 tiles, and 288 tiles: more than
-// one per SM, so CTAs claim) alternate on one stream, eagerly and as a replayed graph, each output finite and
-// bit-equal to that shape's first run.
-TEST(Sm90TileCounter, ReturnsToZeroAcrossLaunches) {
-  SKIP_WITHOUT_GPU();
-  struct Shape {
-    int64_t batch, seqlen, heads;
-  };
-  const Shape shapes[2] = {{1, 200, 2}, {4, 1100, 8}};
+// The sm90 forward's counters are kept per stream at zero between launches (Workspace): the causal schedule's tile
+// counter (sm90/tile_scheduler.cuh) and the fused split-KV merge's arrivals (sm90/fwd_epilogue.cuh). Each launch
+// returns them to zero, and captured launches zero their own first. A launch that found one off zero would skip
+// tiles or merge a tile early (or never), leaving rows as the NaN poison or wrong. The shapes alternate on one
+// stream, eagerly and with the last one captured and replayed between eager calls of the first, each output finite
+// and bit-equal to that shape's first run.
+struct CounterShape {
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+  bool causal;
+  int num_splits;  // exec.num_splits (0: the plan's)
+};
+void alternate_on_one_stream(const std::vector<CounterShape>& shapes) {
   constexpr int64_t kDim = 128;
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   struct Call {
     std::unique_ptr<DeviceBuffer<uint16_t>> q, k, v, out;
     fa_fwd_params p{};
+    fa_exec exec{};
   };
-  Call calls[2];
+  std::vector<Call> calls(shapes.size());
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (int i = 0; i < 2; ++i) {
-    const Shape& sh = shapes[i];
-    const size_t n = size_t(sh.batch * sh.seqlen * sh.heads * kDim);
-    int64_t dims[4] = {sh.batch, sh.seqlen, sh.heads, kDim};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const CounterShape& sh = shapes[i];
+    int64_t dims_q[4] = {sh.batch, sh.seqlen_q, sh.heads_q, kDim};
+    int64_t dims_kv[4] = {sh.batch, sh.seqlen_k, sh.heads_kv, kDim};
+    const size_t n_q = size_t(sh.batch * sh.seqlen_q * sh.heads_q * kDim);
+    const size_t n_kv = size_t(sh.batch * sh.seqlen_k * sh.heads_kv * kDim);
     Call& c = calls[i];
     c.p.attn = fa_attention_default();
-    c.p.attn.causal = 1;
-    for (auto* b : {&c.q, &c.k, &c.v, &c.out}) *b = std::make_unique<DeviceBuffer<uint16_t>>(n);
+    c.p.attn.causal = sh.causal ? 1 : 0;
+    c.q = std::make_unique<DeviceBuffer<uint16_t>>(n_q);
+    c.out = std::make_unique<DeviceBuffer<uint16_t>>(n_q);
+    c.k = std::make_unique<DeviceBuffer<uint16_t>>(n_kv);
+    c.v = std::make_unique<DeviceBuffer<uint16_t>>(n_kv);
     for (auto* b : {&c.q, &c.k, &c.v}) {
-      std::vector<uint16_t> h(n);
+      std::vector<uint16_t> h((*b)->n);
       for (auto& x : h) x = to_storage(FA_BFLOAT16, normal(rng));
       (*b)->upload(h);
     }
-    c.p.attn.q = fa_make_tensor(c.q->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims);
-    c.p.attn.k = fa_make_tensor(c.k->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims);
-    c.p.attn.v = fa_make_tensor(c.v->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims);
-    c.p.out = fa_make_tensor(c.out->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims);
+    c.p.attn.q = fa_make_tensor(c.q->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims_q);
+    c.p.attn.k = fa_make_tensor(c.k->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims_kv);
+    c.p.attn.v = fa_make_tensor(c.v->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims_kv);
+    c.p.out = fa_make_tensor(c.out->ptr, FA_BFLOAT16, FA_DEVICE_CUDA, 4, dims_q);
+    c.exec = fa_exec_default();
+    c.exec.backend = FA_BACKEND_CUDA_SM90;
+    c.exec.stream = stream;
+    c.exec.num_splits = sh.num_splits;
   }
-  fa_exec exec = fa_exec_default();
-  exec.backend = FA_BACKEND_CUDA_SM90;
-  exec.stream = stream;
   auto poison = [&](Call& c) {
     ASSERT_EQ(cudaMemsetAsync(c.out->ptr, 0xff, c.out->n * sizeof(uint16_t), stream), cudaSuccess);
   };
@@ -884,34 +907,52 @@ TEST(Sm90TileCounter, ReturnsToZeroAcrossLaunches) {
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     return c.out->download();
   };
-  std::vector<uint16_t> first[2];
-  for (int i = 0; i < 2; ++i) {
+  std::vector<std::vector<uint16_t>> first(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
     poison(calls[i]);
-    const fa_status st = fa_forward(&calls[i].p, &exec);
+    const fa_status st = fa_forward(&calls[i].p, &calls[i].exec);
     if (st == FA_ERROR_UNSUPPORTED && sm90_unavailable_message(fa_last_error())) GTEST_SKIP() << fa_last_error();
     ASSERT_EQ(st, FA_OK) << fa_last_error();
     first[i] = result(calls[i]);
     for (const uint16_t x : first[i]) ASSERT_TRUE(std::isfinite(from_storage(FA_BFLOAT16, x))) << "shape " << i;
   }
   for (int round = 0; round < 3; ++round)
-    for (int i = 0; i < 2; ++i) {
+    for (size_t i = 0; i < calls.size(); ++i) {
       poison(calls[i]);
-      ASSERT_EQ(fa_forward(&calls[i].p, &exec), FA_OK) << fa_last_error();
+      ASSERT_EQ(fa_forward(&calls[i].p, &calls[i].exec), FA_OK) << fa_last_error();
       EXPECT_EQ(result(calls[i]), first[i]) << "round " << round << ", shape " << i;
     }
-  // The large shape captured, replayed between eager calls of the small one.
+  // The last shape captured, replayed between eager calls of the first.
+  Call& captured = calls.back();
   cudaGraphExec_t instance = nullptr;
-  ASSERT_NO_FATAL_FAILURE(capture_forward(calls[1].p, exec, stream, &instance));
+  ASSERT_NO_FATAL_FAILURE(capture_forward(captured.p, captured.exec, stream, &instance));
   for (int round = 0; round < 2; ++round) {
-    poison(calls[1]);
+    poison(captured);
     ASSERT_EQ(cudaGraphLaunch(instance, stream), cudaSuccess);
-    EXPECT_EQ(result(calls[1]), first[1]) << "replay " << round;
+    EXPECT_EQ(result(captured), first.back()) << "replay " << round;
     poison(calls[0]);
-    ASSERT_EQ(fa_forward(&calls[0].p, &exec), FA_OK) << fa_last_error();
+    ASSERT_EQ(fa_forward(&calls[0].p, &calls[0].exec), FA_OK) << fa_last_error();
     EXPECT_EQ(result(calls[0]), first[0]) << "eager call after replay " << round;
   }
   cudaGraphExecDestroy(instance);
   cudaStreamDestroy(stream);
+}
+
+// Causal: 4 tiles, and 288 tiles (more than one per SM, so CTAs claim).
+TEST(Sm90TileCounter, ReturnsToZeroAcrossLaunches) {
+  SKIP_WITHOUT_GPU();
+  alternate_on_one_stream({{1, 200, 200, 2, 2, true, 0}, {4, 1100, 1100, 8, 8, true, 0}});
+}
+
+// Split GQA decode merged in the forward (plan.fused_combine): 8 tiles of the plan's splits; 80 tiles of 3 splits
+// (240 CTAs: more arrival counters than the per-stream array's first size, so it grows); a causal call between
+// them, whose tile counter shares the array; 6 tiles of 5 splits captured.
+TEST(Sm90MergeCounters, ReturnToZeroAcrossLaunches) {
+  SKIP_WITHOUT_GPU();
+  alternate_on_one_stream({{1, 1, 5000, 32, 8, false, 0},
+                           {40, 1, 700, 8, 2, false, 3},
+                           {2, 300, 300, 4, 4, true, 0},
+                           {3, 1, 3000, 8, 2, true, 5}});
 }
 
 // On a GPU other than sm90 (or in a build without the Hopper kernels) an explicit cuda-sm90 request is refused

@@ -13,8 +13,9 @@ then reversed, so that two kernels compare in one process.
 "cudnn_bshd", to separate what the head-major copies give cuDNN from what its kernel does.
 --ours-head-major: ours also on head-major copies of the caches, viewed as (B, keys, H, D) (rows 256 bytes apart
 instead of 2 KB), as the row "ours_hm": what the caches' layout costs our TMA loads.
---profile: each kernel's CUDA time per call of ours (the plan's count, or the first of --splits) and of cuDNN
-(torch.profiler), printed as "# profile" lines beside the call's do_bench time: the rest is launch gaps.
+--profile: each kernel's CUDA time per call of ours (the plan's count, or the first of --splits; with --env, under
+each value) and of cuDNN (torch.profiler), printed as "# profile" lines beside the call's do_bench time: the rest is
+launch gaps.
 DEV_DECODE_D (environment, default 128): the head dim of q and the caches (paged_decode.py reads it too).
 """
 import argparse
@@ -107,10 +108,14 @@ def main():
                 if a.env:
                     os.environ[a.env] = val
                 ms = measure("ours" if val is None else f"ours:{val or 'default'}", s, ours)
+            if a.profile and s == splits[0]:
+                for val in values:  # with --env: each value's kernels (ms is the last timing's)
+                    if a.env:
+                        os.environ[a.env] = val
+                    label = "" if val is None else f" {a.env}={val}"
+                    common.print_kernel_times(ours, f"{batch}x{keys} ours splits={s}{label}", ms * 1e3)
             if a.env:
                 os.environ.pop(a.env)
-            if a.profile and s == splits[0]:
-                common.print_kernel_times(ours, f"{batch}x{keys} ours splits={s}", ms * 1e3)
             if a.ours_head_major:
                 kh, vh = (c.transpose(1, 2).contiguous().transpose(1, 2) for c in (kc, vc))
                 measure("ours_hm", s, lambda: flashattn.flash_attn_with_kvcache(q, kh, vh, cache_seqlens=lens,

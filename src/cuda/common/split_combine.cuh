@@ -29,12 +29,14 @@ constexpr int kCombineChunks = FwdParams::kMaxKvSplits / 32;  // a lane keeps sp
 // weights stay in registers, not shared memory: a combine that declares shared memory made each decode call's time
 // beyond its kernels 14 -> 96 us at 1 x 64k (bench/results/2026-12-03_h200_session24/, presumably the SM's
 // shared-memory carveout switched between the forward, which takes nearly all of it, and the combine).
-template <class Element>
-__global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const FwdParams p) {
+//
+// kWrittenHere: the partials were written by other CTAs of the running kernel (the sm90 forward's fused merge), so
+// every load goes through L2 (ld.global.cg); the read-only path (__ldg) may serve lines it cached before they were
+// written. The combine kernel reads what an earlier kernel wrote and keeps __ldg.
+// Item head * partial_rows + row, by one whole warp (the shuffles below see every lane).
+template <class Element, bool kWrittenHere>
+__device__ __forceinline__ void combine_item(const FwdParams& p, int64_t item, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
-  const int lane = int(threadIdx.x) % 32;
-  const int64_t item = int64_t(blockIdx.x) * kCombineWarps + int(threadIdx.x) / 32;  // head * rows + row
-  if (item >= int64_t(p.heads_q) * p.partial_rows) return;  // the whole warp: the shuffles below see every lane
   const int64_t head = item / p.partial_rows, row = item % p.partial_rows;
   const int64_t split_stride = int64_t(p.heads_q) * p.partial_rows;
   const int splits = p.num_splits;
@@ -54,7 +56,8 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const Fw
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) {
       const int64_t s = first_split + j < splits ? first_split + j : 0;
-      o[j] = __ldg(reinterpret_cast<const float4*>(o_item + s * split_stride * p.head_dim_v + (in ? col : 0)));
+      const float4* at = reinterpret_cast<const float4*>(o_item + s * split_stride * p.head_dim_v + (in ? col : 0));
+      o[j] = kWrittenHere ? __ldcg(at) : __ldg(at);
     }
   };
   float4 first[kCombineBatch];
@@ -67,7 +70,8 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const Fw
 #pragma unroll
   for (int c = 0; c < kCombineChunks; ++c) {
     const int s = 32 * c + lane;
-    w[c] = s < splits ? p.lse_partial[s * split_stride + item] : -INFINITY;
+    const float* at = p.lse_partial + s * split_stride + item;
+    w[c] = s < splits ? (kWrittenHere ? __ldcg(at) : *at) : -INFINITY;
     m = fmaxf(m, w[c]);
   }
   for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(kAll, m, o));
@@ -119,6 +123,13 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const Fw
       out[col + 3] = Element(acc.w);
     }
   }
+}
+
+template <class Element>
+__global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const FwdParams p) {
+  const int64_t item = int64_t(blockIdx.x) * kCombineWarps + int(threadIdx.x) / 32;  // head * rows + row
+  if (item >= int64_t(p.heads_q) * p.partial_rows) return;                           // the whole warp
+  combine_item<Element, false>(p, item, int(threadIdx.x) % 32);
 }
 
 template <class Element>

@@ -148,17 +148,22 @@ detail::Error run_forward(const detail::Problem& p, const FwdPlan& plan, void* w
   }
   Launch launch = ablation_launch(p, plan);
   if (launch == nullptr) launch = kFwdKernels[plan.instance].launch;
-  // The dynamic schedule's counter: the per-stream one (zero between launches), else the workspace's first int.
+  // The counters (plan.counter_ints): the per-stream ones (zero between launches), else the workspace's first ints.
   TileCounter tiles{counter != nullptr ? counter : static_cast<int*>(workspace), counter != nullptr};
 #ifdef FLASHATTN_SM90_ABLATIONS
-  // Ablation builds: FLASHATTN_SM90_COUNTER_MEMSET=1 zeroes the counter before every launch, as before it was kept
-  // at zero (read at every call: both in one process).
+  // Ablation builds: FLASHATTN_SM90_COUNTER_MEMSET=1 zeroes the counters before every launch, as before they were
+  // kept at zero (read at every call: both in one process).
   if (const char* v = std::getenv("FLASHATTN_SM90_COUNTER_MEMSET"); v != nullptr && std::strcmp(v, "1") == 0)
     tiles.zeroed = false;
 #endif
+  if (plan.counter_ints > 0 && !tiles.zeroed)
+    if (cudaError_t e = cudaMemsetAsync(tiles.ptr, 0, size_t(plan.counter_ints) * sizeof(int), stream);
+        e != cudaSuccess)
+      return runtime_error("cuda-sm90 forward counters (cudaMemsetAsync)", e);
+  if (plan.fused_combine) params.merge_counter = tiles.ptr + 1;
   if (cudaError_t e = launch(params, plan, tiles, stream); e != cudaSuccess)
     return runtime_error("cuda-sm90 forward kernel launch", e);
-  if (plan.num_splits > 1)
+  if (plan.num_splits > 1 && !plan.fused_combine)
     if (cudaError_t e = launch_split_combine(params, p.out_dtype, stream); e != cudaSuccess)
       return runtime_error("cuda-sm90 split-KV combine kernel launch", e);
   return detail::ok();

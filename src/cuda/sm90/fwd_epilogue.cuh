@@ -5,9 +5,11 @@
 //   varlen   through shared memory, predicated 16-byte stores (a box could spill into the next sequence)
 //   packed   through shared memory, predicated 16-byte stores, one row address each ((position, head) rows)
 // or, under split-KV (chosen at run time: the launch's num_splits), the fifth: fp32 O and LSE partials from
-// registers into the plan's workspace (store_partials), merged by the combine kernel (common/split_combine.cuh).
+// registers into the plan's workspace (store_partials), merged by the combine kernel (common/split_combine.cuh) or,
+// with merge_counter (plan.fused_combine), by the tile's last warpgroup to store them (merge_if_last).
 #pragma once
 
+#include "cuda/common/split_combine.cuh"
 #include "cuda/sm90/fwd_tile.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -95,11 +97,52 @@ struct FwdEpilogue {
     }
   }
 
+  // The fused split-KV merge (plan.fused_combine). Each consumer warpgroup, its partials stored, arrives at its
+  // tile's counter; the tile's last arrival (num_splits x warpgroups) merges every row of the tile, a row per warp at
+  // a time, with the combine kernel's code, and returns the counter to zero for the next launch. The arrival is the
+  // threadfence-reduction pattern: every thread's partial stores are fenced (acq_rel, GPU scope) before the
+  // warpgroup's barrier, thread 0's atomic comes after it, and the merging warpgroup fences again before it reads
+  // the other CTAs' partials through L2. Nothing waits on another CTA, so no schedule can hang on it. The plan takes
+  // this path for the decode entry's tiles of a few rows only, where one warpgroup's merge is as parallel as the
+  // combine kernel's. Only the decode kernels have it (kFusedMerge): inlined into every kernel's epilogue it took the
+  // inliner's budget from FwdLoad::load, which then spilled 2.4 KB at its 24 registers, and a call instead cost the
+  // wide kernel's consumers 308 bytes of spill stores (ptxas sm_90a, the bf16 d128 unit); the decode kernels compile
+  // without spills either way.
+  static constexpr bool kFusedMerge = Traits::kEntry == FwdEntry::kDecode;
+  __device__ static void merge_if_last(const KernelParams<Traits>& kp, const Tile& tile, int wg, int tid) {
+    const FwdParams& p = kp.p;
+    const TileScheduler::Tile& t = tile.t;
+    const int barrier = Barrier::kEpilogueBase + wg;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");  // release: this thread's partials before the arrival
+    cutlass::arch::NamedBarrier::sync(kWgThreads, barrier);
+    bool last = false;
+    if (tid == 0) {
+      const int64_t heads = kPackGQA ? p.heads_q / p.group : p.heads_q;  // packed tiles run over KV heads
+      int* counter = p.merge_counter + (t.batch * heads + t.head) * kp.sched.num_m_blocks + t.m_block;
+      last = atomicAdd(counter, 1) == p.num_splits * kWGs - 1;
+      if (last) atomicExch(counter, 0);  // every arrival of this launch is in
+    }
+    if (!named_barrier_or(kWgThreads, barrier, last)) return;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire: the other arrivals' partials after it
+    const int64_t first_row = p.cu_seqlens_q != nullptr ? int64_t(tile.seq.q_start) : int64_t(t.batch) * p.seqlen_q;
+    const int head0 = tile.head0(p);
+    for (int r = tid / 32; r < Traits::kBlockM; r += kWgThreads / 32) {
+      const PackedRow row(tile.m0 + r, tile.rows_per_pos, head0);
+      if (row.pos >= tile.seq.len_q) break;  // rows are position-major: the later ones are past the sequence too
+      combine_item<Element, true>(p, int64_t(row.head) * p.partial_rows + first_row + row.pos, tid % 32);
+    }
+  }
+
   template <class AccO, int kRows>
   __device__ static void store(const KernelParams<Traits>& kp, typename Traits::SharedStorage& ss, const Tile& tile,
                                const AccO& tOrO, const float (&lse)[kRows], int wg, int tid) {
     const FwdParams& p = kp.p;
-    if (p.num_splits > 1) return store_partials(p, tile, tOrO, lse, wg, tid);
+    if (p.num_splits > 1) {
+      store_partials(p, tile, tOrO, lse, wg, tid);
+      if constexpr (kFusedMerge)
+        if (p.merge_counter != nullptr) merge_if_last(kp, tile, wg, tid);
+      return;
+    }
     const TileScheduler::Tile& t = tile.t;
     const bool varlen = p.cu_seqlens_q != nullptr;
     const int m0_wg = tile.m0 + wg * kWgRows;

@@ -36,7 +36,7 @@ auto gmem_tensor(Ptr ptr, int64_t rows, int dim, int heads, int batch, int64_t r
 }
 
 // One kernel of the plan: TMA descriptors, grid and scheduler from the plan's fields. `counter`: the dynamic
-// schedule's tile counter, zeroed here in stream order unless it is already.
+// schedule's tile counter (zero: run_forward).
 template <class Traits, class Opts>
 cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, TileCounter counter, cudaStream_t stream) {
   using Element = typename Traits::Element;
@@ -44,6 +44,8 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, TileCounter c
   constexpr int kWgRows = Traits::kWgRows, kHeadDim = Traits::kHeadDim, kBlockN = Traits::kBlockN;
   // The plan's query blocks (m_blocks, tiles) are this kernel's: a plan of another entry would skip rows.
   if (plan.block_q != Traits::kBlockM) return cudaErrorInvalidValue;
+  // A fused merge needs a kernel that has it: without, the partials would never reach out.
+  if (p.merge_counter != nullptr && !FwdEpilogue<Traits, Opts>::kFusedMerge) return cudaErrorInvalidValue;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch = varlen ? 1 : p.batch;  // varlen: one tensor of total rows; sequences are row offsets
   const int heads_kv = p.heads_q / p.group;
@@ -115,9 +117,7 @@ cudaError_t launch_kernel(const FwdParams& p, const FwdPlan& plan, TileCounter c
   const int grid = persistent ? plan.grid : int(plan.tiles * plan.num_splits);
   if (persistent && plan.schedule == Schedule::kPersistentDynamic) {
     if (counter.ptr == nullptr) return cudaErrorInvalidValue;  // the plan's workspace was not provided
-    if (!counter.zeroed)
-      if (cudaError_t e = cudaMemsetAsync(counter.ptr, 0, sizeof(int), stream); e != cudaSuccess) return e;
-    kp.sched.counter = counter.ptr;
+    kp.sched.counter = counter.ptr;                            // zero (run_forward)
   }
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(kp);
   return cudaGetLastError();

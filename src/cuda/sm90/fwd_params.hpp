@@ -10,9 +10,10 @@ namespace flashattn::cuda::sm90 {
 
 using cuda::FwdParams;
 
-// The dynamic schedule's tile counter (TileScheduler): an int that must be zero when the kernel starts, and that
-// the kernel leaves at zero. `zeroed`: it is (the per-stream counter of Workspace, which only such kernels use);
-// otherwise (a graph-owned workspace) the launch zeroes it first in stream order.
+// The launch's counters (FwdPlan::counter_ints): [0] the dynamic schedule's tile counter (TileScheduler), then the
+// fused split-KV merge's arrivals (FwdParams::merge_counter). They must be zero when the kernel starts, and the
+// kernel leaves them at zero. `zeroed`: they are (the per-stream counters of Workspace, which only such kernels use);
+// otherwise (a graph-owned workspace) run_forward zeroes them first in stream order.
 struct TileCounter {
   int* ptr = nullptr;
   bool zeroed = false;

@@ -307,6 +307,18 @@ enum Barrier : int {
 // CUTLASS offsets these ids by the barriers it reserves; the hardware has 16.
 static_assert(kBarrierCount + int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) <= 16, "named barrier ids");
 
+// A named barrier (an id of the enum above) over `threads` threads that also returns whether any of them passed
+// `pred` (bar.red.or): a warpgroup's decision broadcast without shared memory.
+__device__ __forceinline__ bool named_barrier_or(int threads, int id, bool pred) {
+  const uint32_t hw_id = uint32_t(id) + uint32_t(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
+  uint32_t any;
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred p, %2, %3, p;\n selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(any)
+               : "r"(uint32_t(pred)), "r"(hw_id), "r"(uint32_t(threads))
+               : "memory");
+  return any != 0;
+}
+
 // The tile index travels from the producer to the consumers through shared memory, ordered by barrier_q (the
 // producer writes before its arrive, the consumers read after their wait). CUTLASS's mbarrier asm carries no
 // memory clobber, so compiler barriers keep the store and the load on their side of it.
