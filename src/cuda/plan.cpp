@@ -130,13 +130,11 @@ std::string sm90_unfit(const detail::Problem& p, Instance* instance) {
 }
 
 // Split-KV: when the tiles would leave SMs idle (decode: B x KV heads tiles of one packed query block), each
-// tile's key blocks are divided among `splits` CTAs whose partial O and LSE a combine kernel merges. Every split
-// keeps at least kMinSplitBlocks key blocks, so that the partials' fp32 traffic stays small against the K/V a
-// split reads. `requested`: exec.num_splits (0: decide here; n: at most n).
+// tile's key blocks are divided among `splits` CTAs whose partial O and LSE are merged (by the combine kernel, or in
+// the forward itself: FwdPlan::fused_combine). Every split keeps at least kMinSplitBlocks key blocks, so that the
+// partials' fp32 traffic stays small against the K/V a split reads. `requested`: exec.num_splits (0: decide here;
+// n: at most n).
 constexpr int kMaxSplits = FwdParams::kMaxKvSplits;
-// The most rows a tile may have for its splits to be merged in the forward (FwdPlan::fused_combine): two per warp of
-// the merging warpgroup.
-constexpr int64_t kFusedCombineRows = 8;
 constexpr int64_t kMinSplitBlocks = 4;
 int kv_splits(const detail::Problem& p, const FwdPlan& f, int requested, int sms) {
   if (requested == 1 || f.tiles == 0) return 1;
@@ -152,6 +150,10 @@ int kv_splits(const detail::Problem& p, const FwdPlan& f, int requested, int sms
   while (splits > 1 && f.tiles * splits > kMaxTmaCoord) --splits;
   return int(splits);
 }
+
+// The most rows a tile may have for its splits to be merged in the forward (FwdPlan::fused_combine): two per warp of
+// the merging warpgroup.
+constexpr int64_t kFusedCombineRows = 8;
 
 // The tile table's entry of a call (sm90/tiles.hpp): packed GQA and dropout take the windowed one whatever the
 // mask; sequences up to fwd_short_seqlen (the longer of the query and key lengths) the short one.
