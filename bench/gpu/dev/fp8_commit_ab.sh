@@ -9,6 +9,7 @@
 # usage: bench/gpu/dev/fp8_commit_ab.sh OUTDIR OLD_TREE
 #   OLD_TREE: an untracked folder of the checkout, so that the device call carries it, e.g.
 #   `mkdir old && git archive d1e681d | tar -x -C old`. Its .whl is linked to the checkout's.
+# FP8AB_OLD_TESTS: a gtest filter the old tree's build runs (default none: build only); fp8_patch_ab.sh sets it.
 set -uo pipefail
 OUT=$1; OLD=$(cd "$2" && pwd)
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -18,8 +19,10 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 for t in old:"$OLD" cur:"$REPO"; do
   name=${t%%:*} tree=${t#*:}
   start=$(date +%s)
+  filter=none
+  [[ $name == old ]] && filter=${FP8AB_OLD_TESTS:-none}
   DEV_HDIMS=128 DEV_BWD_WORK=/tmp/fp8ab-$name DEV_BWD_SANITIZE=0 DEV_BWD_BENCH=0 \
-    bash "$tree/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/$name" none >"$OUT/$name.log" 2>&1
+    bash "$tree/bench/gpu/dev/sm90_bwd_loop.sh" "$OUT/$name" "$filter" >"$OUT/$name.log" 2>&1
   echo "$name: build rc $? in $(($(date +%s) - start)) s"
 done
 for round in 1 2 3; do
