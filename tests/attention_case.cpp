@@ -13,8 +13,8 @@ namespace flashattn::testing {
 
 namespace {
 
-void fill_random(std::vector<uint8_t>* buf, size_t n, fa_dtype t, std::mt19937_64& rng) {
-  std::normal_distribution<float> dist(0.f, 1.f);
+void fill_random(std::vector<uint8_t>* buf, size_t n, fa_dtype t, std::mt19937_64& rng, float gain = 1.f) {
+  std::normal_distribution<float> dist(0.f, t == FA_FLOAT8_E4M3 ? 1.f : gain);  // FP8: the gain is in the factors
   buf->assign(n * dtype_size(t), 0);
   for (size_t i = 0; i < n; ++i) {
     float x = dist(rng);
@@ -58,7 +58,7 @@ Problem::Problem(const Case& c_) : c(c_) {
   used_k = c.seqused_k;
   const int64_t rows_q = row_elems(c.hq, c.d), rows_k = row_elems(c.hkv, c.d);
   const int64_t rows_v = row_elems(c.hkv, c.value_dim()), rows_o = row_elems(c.hq, c.value_dim());
-  fill_random(&q, size_t(total_q * rows_q), c.dtype, rng);
+  fill_random(&q, size_t(total_q * rows_q), c.dtype, rng, c.q_gain);
   fill_random(&k, size_t(total_k * rows_k), c.dtype, rng);
   fill_random(&v, size_t(total_k * rows_v), c.dtype, rng);
   fill_random(&dout, size_t(total_q * rows_o), c.dtype, rng);
@@ -81,7 +81,7 @@ Problem::Problem(const Case& c_) : c(c_) {
   std::uniform_real_distribution<float> factor(0.5f / 64.f, 2.f / 64.f);
   for (std::vector<float>* f : {&q_descale, &k_descale, &v_descale}) {
     const int64_t heads = f == &q_descale && c.descale == Case::Descale::kQueryHeads ? c.hq : c.hkv;
-    for (int64_t i = 0; i < sequences() * heads; ++i) f->push_back(factor(rng));
+    for (int64_t i = 0; i < sequences() * heads; ++i) f->push_back(factor(rng) * (f == &q_descale ? c.q_gain : 1.f));
   }
 }
 

@@ -49,6 +49,9 @@ struct Case {
   // FP8 (dtype FA_FLOAT8_E4M3): the dequantisation factors given, none, per KV head (q_descale (B, Hkv), as
   // FlashAttention-3) or with q_descale per query head (B, Hq).
   enum class Descale { kNone, kKvHeads, kQueryHeads } descale = Descale::kKvHeads;
+  // Q drawn from N(0, q_gain^2) (FP8: its dequantisation factors times q_gain): large gains spread the logits over
+  // tens of binary orders, so that a row's running max jumps between key blocks and the kernels' rescale of O runs.
+  float q_gain = 1.f;
   // Sequences: varlen when lens_q is non-empty (one entry per sequence, lens_k alike; batch, sq, sk unused).
   std::vector<int32_t> lens_q, lens_k;
   std::vector<int32_t> seqused_k;  // keys used per sequence (a KV cache); empty: all
@@ -92,6 +95,7 @@ inline std::string Case::label() const {
   if (dropout_p > 0.f) s << " dropout " << dropout_p << (dropout_rng ? " (rng tensor)" : "");
   if (dtype == FA_FLOAT8_E4M3)
     s << (descale == Descale::kNone ? " no-descale" : descale == Descale::kQueryHeads ? " q-descale(B,Hq)" : "");
+  if (q_gain != 1.f) s << " q_gain" << q_gain;
   if (!seqused_k.empty()) s << (nan_past_used ? " seqused(NaN tail)" : " seqused");
   if (head_pad || row_pad) s << " strided";
   if (const char* b = backend_label(backend)) s << " " << b;

@@ -58,6 +58,19 @@ TEST(CpuForward, DtypesAndThreads) {
     }
 }
 
+// Logits spread over tens of binary orders: each row's running max jumps between key blocks (the online softmax's
+// rescale of O), every 16-bit and 32-bit type and FP8 (the gain in q's factors), with and without a mask.
+TEST(CpuForward, LargeLogits) {
+  for (fa_dtype t : {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16, FA_FLOAT8_E4M3})
+    for (bool causal : {false, true}) {
+      Case c = with_lengths(130, 900);
+      c.dtype = t;
+      c.causal = causal;
+      c.q_gain = 30.f;
+      expect_forward_matches(c);
+    }
+}
+
 TEST(CpuForward, GroupedQueryAttention) {
   for (auto [hq, hkv] : {std::pair<int, int>{8, 1}, {6, 2}, {4, 1}, {4, 4}}) {
     Case c = with_lengths(97, 161);

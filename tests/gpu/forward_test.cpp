@@ -61,12 +61,12 @@ void run_case(const Case& c) {
 
   std::mt19937 rng(std::hash<std::string>{}(c.name));
   std::normal_distribution<float> normal(0.f, 1.f);
-  auto fill = [&](size_t n) {
+  auto fill = [&](size_t n, float gain) {
     std::vector<uint16_t> h(n);
-    for (auto& x : h) x = to_storage(c.dtype, normal(rng));
+    for (auto& x : h) x = to_storage(c.dtype, gain * normal(rng));
     return h;
   };
-  std::vector<uint16_t> hq = fill(nq), hk = fill(nk), hv = fill(nv);
+  std::vector<uint16_t> hq = fill(nq, c.q_gain), hk = fill(nk, 1.f), hv = fill(nv, 1.f);
   if (c.nan_past_used) {
     constexpr uint16_t kNaN = 0xffff;  // all-ones: NaN in fp16 and bf16
     for (int64_t b = 0; b < batch; ++b) {
@@ -418,6 +418,18 @@ std::vector<Case> forward_cases() {
     g.name = "sinks_packed_decode_unsplit"; g.num_splits = 1; add(g);
     Case v; v.hq = 4, v.hkv = 4, v.d = v.dv = 64; v.sinks = true; v.lens_q = {5, 0, 40}; v.lens_k = {300, 7, 1};
     v.name = "sinks_varlen_split3"; v.num_splits = 3; v.causal = true; add(v);
+  }
+  {  // logits spread over tens of binary orders (q_gain): a row's running max jumps between key blocks, by more
+     // and by less than a kernel's slack before it rescales O (fwd_policies.cuh OnlineSoftmax), in every entry
+     // (wide, windowed, short, decode with split partials) and both 16-bit types
+    Case c; c.sq = 300, c.sk = 1500, c.d = c.dv = 128; c.q_gain = 30.f;
+    c.name = "large_logits_d128"; add(c);
+    c.name = "large_logits_d128_causal_fp16"; c.causal = true; c.dtype = FA_FLOAT16; add(c);
+    c.name = "large_logits_d64_window"; c.causal = false; c.dtype = FA_BFLOAT16; c.d = c.dv = 64; c.wl = 700, c.wr = 0; add(c);
+    c.name = "large_logits_d256"; c.d = c.dv = 256; c.wl = -1; add(c);
+    c.name = "large_logits_short_d128"; c.d = c.dv = 128; c.sq = c.sk = 500; add(c);
+    Case g; g.batch = 2, g.sq = 1, g.sk = 5000, g.hq = 8, g.hkv = 2, g.d = g.dv = 128; g.q_gain = 30.f;
+    g.name = "large_logits_decode_split"; add(g);
   }
   {  // more tiles than SMs: persistent CTAs walk several tiles (Q reloads, pipeline phases across tiles)
     Case c; c.batch = 2, c.hq = 8, c.hkv = 2, c.sq = 2000, c.sk = 2100, c.d = c.dv = 128;

@@ -44,6 +44,7 @@ struct Fp8Case {
   float softcap = 0.f;
   bool alibi = false;  // slopes per query head
   int num_splits = 0;
+  float q_gain = 1.f;  // q's factors times this: logits spread over tens of binary orders (see tests/case.hpp)
   int64_t value_dim() const { return dv ? dv : d; }
   bool varlen() const { return !lens_q.empty(); }
 };
@@ -113,7 +114,7 @@ void run_fp8(const Fp8Case& c) {
   const int64_t q_heads = c.descale == 2 ? c.hq : c.hkv;
   std::vector<float> qd(size_t(B * q_heads)), kd(size_t(B * c.hkv)), vd(size_t(B * c.hkv)), sinks(size_t(c.hq));
   for (auto* f : {&qd, &kd, &vd})
-    for (float& x : *f) x = factor(rng);
+    for (float& x : *f) x = factor(rng) * (f == &qd ? c.q_gain : 1.f);
   for (float& s : sinks) s = std::uniform_real_distribution<float>(-2.f, 4.f)(rng);
   std::vector<float> slopes(size_t(c.hq));
   for (float& s : slopes) s = std::uniform_real_distribution<float>(0.05f, 0.5f)(rng);
@@ -295,6 +296,8 @@ std::vector<Fp8Case> fp8_cases() {
   add("fp8_seqused_nan_tail", [](Fp8Case& c) { c.batch = 3, c.sq = 5, c.sk = 300, c.seqused_k = {300, 129, 0}; });
   add("fp8_sinks_causal", [](Fp8Case& c) { c.sq = 100, c.sk = 100, c.sinks = true, c.causal = true; });
   add("fp8_decode_split_kv", [](Fp8Case& c) { c.sq = 1, c.sk = 5000, c.hq = 8, c.hkv = 2; });
+  add("fp8_large_logits_d128", [](Fp8Case& c) { c.sq = 300, c.sk = 1500, c.q_gain = 30.f; });
+  add("fp8_large_logits_d128_causal", [](Fp8Case& c) { c.sq = 300, c.sk = 1500, c.q_gain = 30.f, c.causal = true; });
   add("fp8_decode_split_kv_forced", [](Fp8Case& c) { c.sq = 3, c.sk = 2000, c.num_splits = 7, c.causal = true; });
   add("fp8_long_2048", [](Fp8Case& c) { c.sq = 2048, c.sk = 2048, c.hq = 4, c.hkv = 4; });
   // Varlen: sequences of odd lengths (empty ones included) packed back to back, so that a key block of one reaches
