@@ -6,6 +6,7 @@
 # 2. Each tree is timed in its own process: the FP8 d128 forward at 16k, without a mask and causal, and cuDNN's bf16
 #    d128 16k forward as the card's anchor.
 # 3. The trees alternate three times (A B A B A B), so that a drift of the clocks shows in both.
+# 4. In its first round each tree also gives bench.fp8_rows' RMSE on the outlier recipe (fp8_rmse.csv).
 # usage: bench/gpu/dev/fp8_commit_ab.sh OUTDIR OLD_TREE
 #   OLD_TREE: an untracked folder of the checkout, so that the device call carries it, e.g.
 #   `mkdir old && git archive d1e681d | tar -x -C old`. Its .whl is linked to the checkout's.
@@ -27,7 +28,7 @@ for t in old:"$OLD" cur:"$REPO"; do
 done
 for round in 1 2 3; do
   for name in old cur; do
-    PYTHONPATH=/tmp/fp8ab-$name/pyroot:$REPO/bench/gpu timeout 120 python3 - "$name" "$round" \
+    PYTHONPATH=/tmp/fp8ab-$name/pyroot:$REPO/bench/gpu timeout 120 python3 - "$name" "$round" "$OUT/fp8_rmse.csv" \
       >>"$OUT/fp8_commit_ab.csv" <<'PYEOF'
 # The harness's protocol (bench.py: triton do_bench medians, 50 ms warm-up, 200 ms of repeats) and FLOP convention
 # (common.attn_flops).
@@ -39,7 +40,29 @@ from triton.testing import do_bench
 import common
 import flashattn as fa
 
-name, round_ = sys.argv[1], sys.argv[2]
+name, round_, rmse_csv = sys.argv[1], sys.argv[2], sys.argv[3]
+if round_ == "1":
+    # bench.fp8_rows' accuracy recipe (FlashAttention-3's outliers: N(0, 1) + N(0, 100) * Bernoulli(0.001), d128,
+    # 2k, float64 reference): tree,variant,RMSE into fp8_rmse.csv.
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def outliers():
+        x = torch.randn(1, 2048, 1, 128, generator=gen, dtype=torch.float64)
+        spikes = torch.randn(x.shape, generator=gen, dtype=torch.float64) * 10
+        return x + spikes * (torch.rand(x.shape, generator=gen) < 1e-3)
+
+    oq, ok, ov = outliers(), outliers(), outliers()
+    exact = torch.einsum("bhij,bjhd->bihd", torch.softmax(torch.einsum("bihd,bjhd->bhij", oq, ok) / 128 ** 0.5, -1), ov)
+    oq, ok, ov = (t.cuda() for t in (oq, ok, ov))
+    with open(rmse_csv, "a") as f:
+        for variant, hadamard in (("fp8_per_head", False), ("fp8_hadamard", True)):
+            try:
+                (q8, qd), (k8, kd) = (fa.quantize_fp8(t.float(), hadamard=hadamard, seed=1) for t in (oq, ok))
+                v8, vd = fa.quantize_fp8(ov.float())
+                out = fa.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+                f.write(f"{name},{variant},{float(((out.double().cpu() - exact) ** 2).mean().sqrt()):.4e}\n")
+            except Exception as e:  # noqa: BLE001 (the timing below still runs)
+                f.write(f"{name},{variant},{type(e).__name__}: {str(e)[:80]}\n")
 seqlen, batch, heads, d = 16384, 1, 16, 128
 q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 (q8, qd), (k8, kd), (v8, vd) = (fa.quantize_fp8(t) for t in (q, k, v))
@@ -57,6 +80,7 @@ PYEOF
     echo "$name round $round rc $?"
   done
 done
+echo "RMSE on the outlier recipe (tree,variant,RMSE):"; cat "$OUT/fp8_rmse.csv" 2>/dev/null
 # tree,round,kernel,causal,ms,TFLOP/s; the medians per tree and the ratio cur / old.
 python3 - "$OUT/fp8_commit_ab.csv" <<'PYEOF'
 import csv, statistics, sys
