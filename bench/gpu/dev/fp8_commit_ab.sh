@@ -42,27 +42,14 @@ import flashattn as fa
 
 name, round_, rmse_csv = sys.argv[1], sys.argv[2], sys.argv[3]
 if round_ == "1":
-    # bench.fp8_rows' accuracy recipe (FlashAttention-3's outliers: N(0, 1) + N(0, 100) * Bernoulli(0.001), d128,
-    # 2k, float64 reference): tree,variant,RMSE into fp8_rmse.csv.
-    gen = torch.Generator(device="cpu").manual_seed(0)
-
-    def outliers():
-        x = torch.randn(1, 2048, 1, 128, generator=gen, dtype=torch.float64)
-        spikes = torch.randn(x.shape, generator=gen, dtype=torch.float64) * 10
-        return x + spikes * (torch.rand(x.shape, generator=gen) < 1e-3)
-
-    oq, ok, ov = outliers(), outliers(), outliers()
-    exact = torch.einsum("bhij,bjhd->bihd", torch.softmax(torch.einsum("bihd,bjhd->bhij", oq, ok) / 128 ** 0.5, -1), ov)
-    oq, ok, ov = (t.cuda() for t in (oq, ok, ov))
+    # bench.fp8_rows' accuracy rows (the outlier recipe): tree,variant,RMSE into fp8_rmse.csv.
+    import bench
     with open(rmse_csv, "a") as f:
-        for variant, hadamard in (("fp8_per_head", False), ("fp8_hadamard", True)):
-            try:
-                (q8, qd), (k8, kd) = (fa.quantize_fp8(t.float(), hadamard=hadamard, seed=1) for t in (oq, ok))
-                v8, vd = fa.quantize_fp8(ov.float())
-                out = fa.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
-                f.write(f"{name},{variant},{float(((out.double().cpu() - exact) ** 2).mean().sqrt()):.4e}\n")
-            except Exception as e:  # noqa: BLE001 (the timing below still runs)
-                f.write(f"{name},{variant},{type(e).__name__}: {str(e)[:80]}\n")
+        try:
+            for variant, rmse in bench.fp8_outlier_rmse(fa, ("fp8_per_head", "fp8_hadamard")).items():
+                f.write(f"{name},{variant},{rmse:.4e}\n")
+        except Exception as e:  # noqa: BLE001 (the timing below still runs)
+            f.write(f"{name},error,{type(e).__name__}: {str(e)[:80]}\n")
 seqlen, batch, heads, d = 16384, 1, 16, 128
 q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 (q8, qd), (k8, kd), (v8, vd) = (fa.quantize_fp8(t) for t in (q, k, v))
