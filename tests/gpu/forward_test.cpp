@@ -426,7 +426,7 @@ std::vector<Case> forward_cases() {
     c.name = "large_logits_d128"; add(c);
     c.name = "large_logits_d128_causal_fp16"; c.causal = true; c.dtype = FA_FLOAT16; add(c);
     c.name = "large_logits_d64_window"; c.causal = false; c.dtype = FA_BFLOAT16; c.d = c.dv = 64; c.wl = 700, c.wr = 0; add(c);
-    c.name = "large_logits_d256"; c.d = c.dv = 256; c.wl = -1; add(c);
+    c.name = "large_logits_d256"; c.d = c.dv = 256; c.wl = c.wr = -1; add(c);
     c.name = "large_logits_short_d128"; c.d = c.dv = 128; c.sq = c.sk = 500; add(c);
     Case g; g.batch = 2, g.sq = 1, g.sk = 5000, g.hq = 8, g.hkv = 2, g.d = g.dv = 128; g.q_gain = 30.f;
     g.name = "large_logits_decode_split"; add(g);

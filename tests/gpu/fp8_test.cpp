@@ -310,11 +310,19 @@ std::vector<Fp8Case> fp8_cases() {
   add("fp8_varlen_d64_seqused_nan",
       [](Fp8Case& c) { c.lens_q = {3, 9}, c.lens_k = {500, 90}, c.d = 64, c.seqused_k = {129, 90}; });
   add("fp8_varlen_d256_long", [](Fp8Case& c) { c.lens_q = {1000, 1500}, c.lens_k = {1100, 1500}, c.d = 256; });
+  // d128 without a window (the wide entry, whose block_k sets where the transposed copy starts each sequence): 225
+  // and 447 keys (a partial last block at 192 and at 224 keys a block), an empty sequence, one key, and NaN tails
+  // past seqused_k; where the copy puts each sequence and where the kernel reads it must agree at every length.
+  add("fp8_varlen_d128_wide_seqused_nan", [](Fp8Case& c) {
+    c.lens_q = {40, 3, 0, 300, 17}, c.lens_k = {225, 1, 0, 447, 300}, c.seqused_k = {225, 1, 0, 400, 129};
+  });
   // Paged caches, every load path of K: whole-block TMA boxes (page 256 at d64: a multiple of block_k 128), 16-row
   // boxes (pages 16, 48; d128 non-causal has 192-key blocks), the producer warp's cp.async rows (pages 1, 3); V is
-  // the transposed copy gathered through the table.
+  // the transposed copy gathered through the table. d128 without a window also at pages 3 and 448 (rows; 16-row
+  // boxes, or whole blocks where block_k divides 448).
   const std::tuple<int64_t, int64_t, bool> paged_cases[] = {{256, 64, false}, {16, 128, false}, {48, 128, true},
-                                                            {1, 256, false},  {3, 64, true},    {256, 128, false}};
+                                                            {1, 256, false},  {3, 64, true},    {256, 128, false},
+                                                            {3, 128, false},  {448, 128, false}};
   for (const auto& pc : paged_cases) {
     const int64_t page = std::get<0>(pc), d = std::get<1>(pc);
     const bool causal = std::get<2>(pc);
