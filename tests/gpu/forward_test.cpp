@@ -419,9 +419,9 @@ std::vector<Case> forward_cases() {
     Case v; v.hq = 4, v.hkv = 4, v.d = v.dv = 64; v.sinks = true; v.lens_q = {5, 0, 40}; v.lens_k = {300, 7, 1};
     v.name = "sinks_varlen_split3"; v.num_splits = 3; v.causal = true; add(v);
   }
-  {  // logits spread over tens of binary orders (q_gain): a row's running max jumps between key blocks, by more
-     // and by less than a kernel's slack before it rescales O (fwd_policies.cuh OnlineSoftmax), in every entry
-     // (wide, windowed, short, decode with split partials) and both 16-bit types
+  {  // logits spread over tens of binary orders (q_gain): a row's running max jumps between key blocks, both by more
+     // and by less than 8 binary orders of the scaled scores (fwd_policies.cuh OnlineSoftmax rescales O), in every
+     // entry (wide, windowed, short, decode with split partials) and both 16-bit types
     Case c; c.sq = 300, c.sk = 1500, c.d = c.dv = 128; c.q_gain = 30.f;
     c.name = "large_logits_d128"; add(c);
     c.name = "large_logits_d128_causal_fp16"; c.causal = true; c.dtype = FA_FLOAT16; add(c);

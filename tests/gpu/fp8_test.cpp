@@ -311,7 +311,7 @@ std::vector<Fp8Case> fp8_cases() {
       [](Fp8Case& c) { c.lens_q = {3, 9}, c.lens_k = {500, 90}, c.d = 64, c.seqused_k = {129, 90}; });
   add("fp8_varlen_d256_long", [](Fp8Case& c) { c.lens_q = {1000, 1500}, c.lens_k = {1100, 1500}, c.d = 256; });
   // d128 without a window (the wide entry, whose block_k sets where the transposed copy starts each sequence): 225
-  // and 447 keys (a partial last block at 192 and at 224 keys a block), an empty sequence, one key, and NaN tails
+  // and 447 keys (partial last blocks for 192- and for 224-key blocks), an empty sequence, one key, and NaN tails
   // past seqused_k; where the copy puts each sequence and where the kernel reads it must agree at every length.
   add("fp8_varlen_d128_wide_seqused_nan", [](Fp8Case& c) {
     c.lens_q = {40, 3, 0, 300, 17}, c.lens_k = {225, 1, 0, 447, 300}, c.seqused_k = {225, 1, 0, 400, 129};
